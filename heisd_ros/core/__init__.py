@@ -1,0 +1,1 @@
+"""ROS-free decoding core: nothing under here may import rclpy or message packages."""

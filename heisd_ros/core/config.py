@@ -1,0 +1,246 @@
+"""Configuration dataclasses: the single source of defaults for every component.
+
+One frozen dataclass per component, every field documented and validated in `__post_init__`.
+YAML files, ROS parameters and CLI flags all map onto these classes through `from_dict`/`to_dict`;
+nothing is inferred from file names or environment variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from heisd_ros.core.errors import ConfigError
+
+METHODS = ("ar", "drafter", "specvla", "retrieval", "heisd")
+"""Decoding methods; the baselines are the same engine with switches (DESIGN §2)."""
+
+T = TypeVar("T")
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    """Thresholds of the acceptance rules, in action bins (DESIGN §7)."""
+
+    max_token_bias_bins: int = 15
+    """Sequence-wise rule: every token of a group may differ from the target by at most this."""
+    max_group_bias_bins: int = 30
+    """Sequence-wise rule: the summed bias of a group may be at most this."""
+    token_relaxed_bias_bins: int = 9
+    """Token-level relaxed rule (SpecVLA baseline): per-token threshold h."""
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.max_token_bias_bins <= 255, "max_token_bias_bins must be in [0, 255]")
+        _require(0 <= self.max_group_bias_bins <= 765, "max_group_bias_bins must be in [0, 765]")
+        _require(0 <= self.token_relaxed_bias_bins <= 255, "token_relaxed_bias_bins must be in [0, 255]")
+
+
+@dataclass(frozen=True)
+class DrafterTreeConfig:
+    """EAGLE-2 dynamic draft tree (DESIGN §2.4)."""
+
+    depth: int = 6
+    """Maximum draft depth (tokens ahead of the pending token)."""
+    top_k: int = 4
+    """Children expanded per frontier node, and frontier nodes kept per depth."""
+    total_tokens: int = 24
+    """Tree nodes kept after global re-ranking by cumulative log-probability."""
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.depth <= 6, "drafter depth must be in [1, 6] (7 tokens per step)")
+        _require(1 <= self.top_k <= 32, "drafter top_k must be in [1, 32]")
+        _require(self.depth <= self.total_tokens <= 512, "total_tokens must be in [depth, 512]")
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """Retrieval drafts from the demonstration database (DESIGN §2.3, §7)."""
+
+    top_k: int = 5
+    """Hits fetched per query (Top-K)."""
+    max_tree_nodes: int = 128
+    """Cap on sequence-tree nodes fused into the prefill forward (bounds its cost)."""
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.top_k <= 64, "retrieval top_k must be in [1, 64]")
+        _require(7 <= self.max_tree_nodes <= 1024, "max_tree_nodes must be in [7, 1024]")
+
+
+@dataclass(frozen=True)
+class FusedMetricConfig:
+    """Kinematic fused metric F = alpha*Norm(R) + (1-alpha)*Norm(D) (DESIGN §5)."""
+
+    window_steps: int = 15
+    alpha: float = 0.5
+    tau: float = 0.5
+    """Boundary: F >= tau selects retrieval mode."""
+    r_max_m: float = 10.0
+    """Radius reported for collinear or stationary windows (a line has infinite radius), metres."""
+    r_min_m: float = 0.0
+    r_p95_m: float = 1.0
+    """Min-max normalisation of R: values are clipped to [r_min_m, r_p95_m]."""
+    d_min_m: float = 0.0
+    d_p95_m: float = 0.3
+    """Min-max normalisation of D (cumulative displacement over the window), metres."""
+    stationary_tol_m: float = 1e-5
+    """Windows whose extent is below this are stationary."""
+    collinear_tol: float = 1e-3
+    """Second principal extent / first principal extent below this counts as collinear."""
+
+    def __post_init__(self) -> None:
+        _require(self.window_steps >= 3, "window_steps must be >= 3")
+        _require(0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]")
+        _require(math.isfinite(self.tau), "tau must be finite")
+        _require(self.r_max_m > 0, "r_max_m must be > 0")
+        _require(self.r_p95_m > self.r_min_m, "r_p95_m must exceed r_min_m")
+        _require(self.d_p95_m > self.d_min_m, "d_p95_m must exceed d_min_m")
+        _require(self.stationary_tol_m > 0 and self.collinear_tol > 0, "tolerances must be > 0")
+
+
+@dataclass(frozen=True)
+class VerifySkipConfig:
+    """Adaptive verify-skip (DESIGN §6, Algorithm 1)."""
+
+    enabled: bool = True
+    min_similarity: float = 0.95
+    """min_S: cosine similarity between the live feature and a hit's feat_prev needed to skip."""
+    max_distance_m: float = 0.02
+    """O_dist: end-effector distance to the hit's ee_pos allowed for a skip, metres."""
+    max_consecutive_skips: int = 3
+    """N_max: the live feature must be refreshed by a verified step at least this often."""
+    feedback_step: float = 0.005
+    """Delta applied to min_S per episode result."""
+    distance_shrink: float = 0.9
+    """O_dist is multiplied by this after a failed episode."""
+    min_similarity_bounds: tuple[float, float] = (0.5, 0.9999)
+    max_distance_bounds_m: tuple[float, float] = (0.0, 0.2)
+    state_path: str = ""
+    """Where min_S/O_dist are persisted after feedback ('' = not persisted)."""
+
+    def __post_init__(self) -> None:
+        lo, hi = self.min_similarity_bounds
+        _require(-1.0 <= lo <= hi <= 1.0, "min_similarity_bounds must satisfy -1 <= lo <= hi <= 1")
+        _require(lo <= self.min_similarity <= hi, "min_similarity outside min_similarity_bounds")
+        dlo, dhi = self.max_distance_bounds_m
+        _require(0.0 <= dlo <= dhi, "max_distance_bounds_m must satisfy 0 <= lo <= hi")
+        _require(dlo <= self.max_distance_m <= dhi, "max_distance_m outside max_distance_bounds_m")
+        _require(0 <= self.max_consecutive_skips <= 100, "max_consecutive_skips must be in [0, 100]")
+        _require(self.feedback_step >= 0, "feedback_step must be >= 0")
+        _require(0.0 < self.distance_shrink <= 1.0, "distance_shrink must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Demonstration database (DESIGN §4)."""
+
+    backend: str = "edge"
+    """'edge' (embedded Qdrant Edge, default), 'local' (qdrant-client local mode) or 'remote' (URL)."""
+    path: str = ""
+    """Directory of the embedded database ('' with backend 'local' = in memory)."""
+    url: str = ""
+    """Server or cluster URL for backend 'remote'."""
+    collection: str = "heisd_demos"
+    api_key_env: str = "QDRANT_API_KEY"
+    """Name of the environment variable holding the API key (the key itself never appears in config)."""
+    timeout_s: float = 0.5
+    hnsw_m: int = 16
+    hnsw_ef_construct: int = 100
+    exact_search_below: int = 20000
+    """Partitions with fewer points are searched exactly."""
+
+    def __post_init__(self) -> None:
+        _require(self.backend in ("edge", "local", "remote"), f"unknown store backend {self.backend!r}")
+        _require(self.backend != "remote" or bool(self.url), "backend 'remote' needs a url")
+        _require(self.backend != "edge" or bool(self.path), "backend 'edge' needs a path")
+        _require(self.timeout_s > 0, "timeout_s must be > 0")
+        _require(self.hnsw_m >= 4 and self.hnsw_ef_construct >= 4, "HNSW parameters too small")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The HybridDecoder: method switch plus the components it uses."""
+
+    method: str = "heisd"
+    views: tuple[str, ...] = ("agentview", "wrist")
+    """Camera views in the order the model and the database expect them; the first is primary."""
+    device: str = "cpu"
+    dtype: str = "float32"
+    acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
+    drafter_tree: DrafterTreeConfig = field(default_factory=DrafterTreeConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    fused_metric: FusedMetricConfig = field(default_factory=FusedMetricConfig)
+    verify_skip: VerifySkipConfig = field(default_factory=VerifySkipConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.method in METHODS, f"unknown method {self.method!r}; choose one of {METHODS}")
+        _require(len(self.views) >= 1, "at least one view is required")
+        _require(len(set(self.views)) == len(self.views), "view names must be unique")
+        _require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
+
+    def with_method(self, method: str) -> "DecoderConfig":
+        return dataclasses.replace(self, method=method)
+
+
+# ---------------------------------------------------------------------------------------------
+# dict / YAML mapping
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None) -> T:
+    """Build dataclass `cls` from a (nested) mapping; unknown keys are a ConfigError."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: unknown keys {unknown}; known: {sorted(names)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+            kwargs[name] = from_dict(hint, value)
+        elif typing.get_origin(hint) is tuple and isinstance(value, (list, tuple)):
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise ConfigError(f"{cls.__name__}: {err}") from err
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Plain-data view of a config dataclass (tuples become lists so it dumps to YAML/JSON)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return plain(dataclasses.asdict(obj))
+
+
+def load_yaml(cls: type[T], path: str | Path, section: str | None = None) -> T:
+    """Load `cls` from a YAML file, optionally from one top-level section of it."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot read config {path}: {err}") from err
+    if section is not None:
+        data = data.get(section, {})
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config {path}: expected a mapping, got {type(data).__name__}")
+    return from_dict(cls, data)

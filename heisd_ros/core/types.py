@@ -1,0 +1,81 @@
+"""Plain data passed between the components of the decoding core."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ACTION_DIM = 7
+"""X, Y, Z, rX, rY, rZ, G."""
+GROUPS: tuple[tuple[int, int], ...] = ((0, 3), (3, 6), (6, 7))
+"""Kinematic groups [start, end) over the action tokens: position, rotation, gripper (DESIGN §7)."""
+GRIPPER_INDEX = 6
+
+
+@dataclass
+class Observation:
+    """Everything the policy sees at one control step.
+
+    images: view name -> RGB uint8 array [H, W, 3] (upright).
+    ee_pos: end-effector position [3] in metres (robot base frame).
+    task: database partition key; defaults to the instruction.
+    """
+
+    images: dict[str, np.ndarray]
+    instruction: str
+    ee_pos: np.ndarray
+    task: str | None = None
+    stamp_s: float = 0.0
+
+    @property
+    def task_key(self) -> str:
+        return self.task if self.task is not None else self.instruction
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved demonstration step (DESIGN §4 payload + named vectors)."""
+
+    score: float
+    task: str
+    episode: int
+    step: int
+    action: np.ndarray  # [7] float, unnormalised
+    action_tokens: tuple[int, ...]  # 7 token ids
+    feat: np.ndarray  # [D_llm] mean lm_head input over the 7 action positions
+    feat_prev: np.ndarray  # [D_llm] same for the previous step of the episode
+    ee_pos: np.ndarray  # [3] metres
+    success: bool = True
+    next_actions: tuple[tuple[float, ...], ...] = ()
+
+
+@dataclass
+class StepStats:
+    """What one control step did and what it cost (returned, never printed)."""
+
+    mode: str = "ar"
+    """'ar', 'drafter', 'retrieval' or 'skip'."""
+    method: str = "ar"
+    skipped: bool = False
+    llm_forwards: int = 0
+    tokens_per_forward: list[int] = field(default_factory=list)
+    """Tokens fixed by each verification forward (accepted drafts + the target's own token)."""
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    """Per stage: vision, retrieval, draft, verify, accept, detokenize, total."""
+    fused_metric: float = math.nan
+    retrieval_score: float = math.nan
+    tokens: tuple[int, ...] = ()
+    fallback: str = ""
+    """Why a mode fell back (e.g. database fault -> drafter), '' when nothing fell back."""
+
+    @property
+    def decoding_cycles(self) -> int:
+        """A cycle is a verification forward or a skip."""
+        return self.llm_forwards + (1 if self.skipped else 0)
+
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens fixed per decoding cycle (7 for a skipped step)."""
+        return len(self.tokens) / self.decoding_cycles if self.decoding_cycles else math.nan
