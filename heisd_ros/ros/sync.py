@@ -1,0 +1,185 @@
+"""Approximate-time synchronisation of N camera views plus the newest end-effector pose.
+
+ROS-free and pure (no clocks, no threads): the node feeds it stamped items from its
+subscription callbacks and asks, once per control tick, for the newest synchronised set.
+
+Policy (what a controller wants, not what a recorder wants):
+- Depth 1: only the newest frame per view is kept; an older frame arriving late is dropped.
+- A set is the newest frame of every view, accepted when the spread of their stamps is at most
+  `slop_s` and no frame is older than `image_staleness_s` relative to `now_s`.
+- Each frame is used at most once (like message_filters): a set is offered only when every view
+  has a frame newer than the set consumed last. The pose is state, not a frame: the newest pose
+  is attached to every set, provided it is not older than `pose_staleness_s`.
+- When no set can be formed, `poll` returns None and `reason` says why (missing view, stale,
+  out of slop, nothing new), so the node can warn and report it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Generic, Sequence, TypeVar
+
+from heisd_ros.core.errors import ConfigError
+
+T = TypeVar("T")
+
+# Reasons why no set is available. Problems are worth a warning; IDLE is the normal state
+# between two frames.
+IDLE = "no new frames since the last step"
+
+
+@dataclass(frozen=True)
+class Stamped(Generic[T]):
+    """One received item and its header stamp (seconds)."""
+
+    stamp_s: float
+    data: T
+
+
+@dataclass(frozen=True)
+class SyncedSet:
+    """The inputs of one control step.
+
+    frames: view name -> newest frame of that view (in the configured view order).
+    pose: the newest pose (its `data` is whatever the caller stored, e.g. a PoseStamped).
+    stamp_s: newest stamp among the frames and the pose (the command's header stamp).
+    """
+
+    frames: dict[str, Stamped[Any]]
+    pose: Stamped[Any]
+    stamp_s: float
+
+    @property
+    def image_stamp_s(self) -> float:
+        """Newest image stamp of the set."""
+        return max(f.stamp_s for f in self.frames.values())
+
+    @property
+    def spread_s(self) -> float:
+        stamps = [f.stamp_s for f in self.frames.values()]
+        return max(stamps) - min(stamps)
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Limits of the synchroniser; all in seconds."""
+
+    views: tuple[str, ...]
+    slop_s: float = 0.05
+    """Largest allowed spread between the stamps of the views of one set."""
+    image_staleness_s: float = 0.5
+    """Frames older than this (relative to now) are never used."""
+    pose_staleness_s: float = 0.5
+    """A pose older than this (relative to now) is never used."""
+
+    def __post_init__(self) -> None:
+        if not self.views or len(set(self.views)) != len(self.views):
+            raise ConfigError("sync needs at least one view and unique view names")
+        for name in ("slop_s", "image_staleness_s", "pose_staleness_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ConfigError(f"{name} must be finite and >= 0, got {value}")
+
+
+class ApproxTimeSync:
+    """Depth-1 approximate-time synchroniser over `cfg.views` plus a pose (see module doc)."""
+
+    def __init__(self, cfg: SyncConfig) -> None:
+        self.cfg = cfg
+        self._frames: dict[str, Stamped[Any]] = {}
+        self._pose: Stamped[Any] | None = None
+        self._consumed: dict[str, float] = {}
+        self.reason: str = "no frames received yet"
+        self.problem = False
+        self.dropped_out_of_order = 0
+
+    def reconfigure(self, cfg: SyncConfig) -> None:
+        """Change the limits (views must stay the same: they shape the subscriptions)."""
+        if cfg.views != self.cfg.views:
+            raise ConfigError("the views of a running synchroniser cannot change")
+        self.cfg = cfg
+
+    def add_frame(self, view: str, stamp_s: float, data: Any) -> bool:
+        """Offer a frame; returns False if it was dropped (unknown view, not newer than held)."""
+        if view not in self.cfg.views:
+            return False
+        held = self._frames.get(view)
+        if held is not None and stamp_s < held.stamp_s:
+            self.dropped_out_of_order += 1
+            return False
+        self._frames[view] = Stamped(float(stamp_s), data)
+        return True
+
+    def add_pose(self, stamp_s: float, data: Any) -> bool:
+        """Offer a pose; an older pose than the one held is dropped."""
+        if self._pose is not None and stamp_s < self._pose.stamp_s:
+            self.dropped_out_of_order += 1
+            return False
+        self._pose = Stamped(float(stamp_s), data)
+        return True
+
+    def clear(self) -> None:
+        """Forget all frames and the pose (e.g. when an episode restarts)."""
+        self._frames.clear()
+        self._pose = None
+        self._consumed.clear()
+        self.reason, self.problem = "no frames received yet", False
+
+    def poll(self, now_s: float) -> SyncedSet | None:
+        """The newest unused synchronised set, or None.
+
+        When None, `self.reason` says why and `self.problem` tells whether that is a fault worth a
+        warning (missing/stale view or pose, views out of slop) or the normal wait between frames.
+        Does not consume the set: call `consume(s)` once it is handed to the policy.
+        """
+        cfg = self.cfg
+        missing = [v for v in cfg.views if v not in self._frames]
+        if missing:
+            return self._none(f"missing view(s) {missing}: no frame received", problem=True)
+        frames = {v: self._frames[v] for v in cfg.views}
+        for v, f in frames.items():
+            age = now_s - f.stamp_s
+            if age > cfg.image_staleness_s:
+                return self._none(
+                    f"stale image on view {v!r}: {age:.3f} s old > limit {cfg.image_staleness_s:.3f} s",
+                    problem=True,
+                )
+            if age < -cfg.image_staleness_s:
+                return self._none(f"image on view {v!r} stamped {-age:.3f} s in the future", problem=True)
+        used = [v for v in cfg.views if frames[v].stamp_s <= self._consumed.get(v, -math.inf)]
+        if len(used) == len(cfg.views):
+            return self._none(IDLE, problem=False)
+        if used:
+            return self._none(f"waiting for a new frame on view(s) {used}", problem=False)
+        stamps = [f.stamp_s for f in frames.values()]
+        spread = max(stamps) - min(stamps)
+        if spread > cfg.slop_s:
+            return self._none(
+                f"views out of sync: stamps spread {spread:.3f} s > slop {cfg.slop_s:.3f} s", problem=True
+            )
+        if self._pose is None:
+            return self._none("no end-effector pose received yet", problem=True)
+        pose_age = now_s - self._pose.stamp_s
+        if pose_age > cfg.pose_staleness_s:
+            return self._none(
+                f"stale pose: {pose_age:.3f} s old > limit {cfg.pose_staleness_s:.3f} s", problem=True
+            )
+        if pose_age < -cfg.pose_staleness_s:
+            return self._none(f"pose stamped {-pose_age:.3f} s in the future", problem=True)
+        self.reason, self.problem = "", False
+        return SyncedSet(frames=frames, pose=self._pose, stamp_s=max(max(stamps), self._pose.stamp_s))
+
+    def consume(self, synced: SyncedSet) -> None:
+        """Mark the frames of `synced` as used: they will not be offered again."""
+        for v, f in synced.frames.items():
+            self._consumed[v] = f.stamp_s
+
+    def _none(self, reason: str, problem: bool) -> None:
+        self.reason, self.problem = reason, problem
+        return None
+
+
+def make_sync(views: Sequence[str], slop_s: float, image_staleness_s: float, pose_staleness_s: float) -> ApproxTimeSync:
+    """Convenience constructor."""
+    return ApproxTimeSync(SyncConfig(tuple(views), slop_s, image_staleness_s, pose_staleness_s))

@@ -1,0 +1,167 @@
+"""ApproxTimeSync: depth-1 approximate-time synchronisation of views plus the newest pose."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.ros.sync import IDLE, ApproxTimeSync, SyncConfig
+
+VIEWS = ("agentview", "wrist")
+
+
+def make(slop=0.05, img=0.5, pose=0.5, views=VIEWS) -> ApproxTimeSync:
+    return ApproxTimeSync(SyncConfig(views, slop, img, pose))
+
+
+def feed(sync, t, views=VIEWS, pose=True):
+    for v in views:
+        sync.add_frame(v, t, f"{v}@{t}")
+    if pose:
+        sync.add_pose(t, f"pose@{t}")
+
+
+def test_synchronised_set_is_returned_once():
+    s = make()
+    feed(s, 10.0)
+    got = s.poll(now_s=10.01)
+    assert got is not None
+    assert [f.data for f in got.frames.values()] == ["agentview@10.0", "wrist@10.0"]
+    assert got.pose.data == "pose@10.0" and got.stamp_s == 10.0
+    s.consume(got)
+    assert s.poll(now_s=10.02) is None and s.reason == IDLE and not s.problem
+
+
+def test_keeps_only_newest_frame_per_view():
+    s = make()
+    for k in range(10):
+        feed(s, 1.0 + 0.01 * k)
+    got = s.poll(now_s=1.1)
+    assert got.frames["agentview"].stamp_s == pytest.approx(1.09)
+    assert got.frames["wrist"].stamp_s == pytest.approx(1.09)
+
+
+def test_out_of_order_frame_is_dropped():
+    s = make()
+    feed(s, 2.0)
+    assert not s.add_frame("wrist", 1.9, "late")
+    assert s.dropped_out_of_order == 1
+    assert s.poll(2.0).frames["wrist"].data == "wrist@2.0"
+
+
+def test_slop_within_and_beyond():
+    s = make(slop=0.05)
+    s.add_frame("agentview", 1.00, "a")
+    s.add_frame("wrist", 1.04, "w")
+    s.add_pose(1.0, "p")
+    assert s.poll(1.05) is not None
+    s = make(slop=0.05)
+    s.add_frame("agentview", 1.00, "a")
+    s.add_frame("wrist", 1.07, "w")
+    s.add_pose(1.0, "p")
+    assert s.poll(1.08) is None and s.problem and "out of sync" in s.reason
+
+
+def test_missing_view():
+    s = make()
+    feed(s, 1.0, views=("agentview",))
+    assert s.poll(1.0) is None and s.problem and "missing view" in s.reason and "wrist" in s.reason
+
+
+def test_waiting_for_the_second_view_is_not_a_problem():
+    s = make()
+    feed(s, 1.0)
+    s.consume(s.poll(1.0))
+    s.add_frame("agentview", 1.1, "a")
+    assert s.poll(1.1) is None and not s.problem and "waiting" in s.reason
+    s.add_frame("wrist", 1.1, "w")
+    assert s.poll(1.1) is not None
+
+
+def test_stale_image_and_stale_pose():
+    s = make(img=0.2, pose=0.3)
+    feed(s, 1.0)
+    assert s.poll(1.25) is None and "stale image" in s.reason and s.problem
+    s = make(img=0.2, pose=0.3)
+    feed(s, 1.0, pose=False)
+    s.add_pose(0.6, "old")
+    assert s.poll(1.0) is None and "stale pose" in s.reason and s.problem
+    s.add_pose(0.95, "new")
+    assert s.poll(1.0).pose.data == "new"
+
+
+def test_stopped_camera_after_consumption_is_reported_stale():
+    s = make(img=0.2)
+    feed(s, 1.0)
+    s.consume(s.poll(1.0))
+    assert s.poll(1.1).__class__ is type(None) and s.reason == IDLE
+    assert s.poll(1.5) is None and "stale image" in s.reason and s.problem
+
+
+def test_future_stamps_rejected():
+    s = make(img=0.2)
+    feed(s, 5.0)
+    assert s.poll(4.0) is None and "future" in s.reason
+
+
+def test_no_pose_yet():
+    s = make()
+    feed(s, 1.0, pose=False)
+    assert s.poll(1.0) is None and "pose" in s.reason
+
+
+def test_stamp_is_newest_of_frames_and_pose():
+    s = make()
+    feed(s, 1.0, pose=False)
+    s.add_pose(1.02, "p")
+    got = s.poll(1.03)
+    assert got.stamp_s == pytest.approx(1.02) and got.image_stamp_s == pytest.approx(1.0)
+
+
+def test_reconfigure_keeps_views():
+    s = make()
+    s.reconfigure(SyncConfig(VIEWS, 0.1, 1.0, 1.0))
+    with pytest.raises(ConfigError):
+        s.reconfigure(SyncConfig(("x",), 0.1, 1.0, 1.0))
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError):
+        SyncConfig((), 0.1, 1.0, 1.0)
+    with pytest.raises(ConfigError):
+        SyncConfig(("a", "a"), 0.1, 1.0, 1.0)
+    with pytest.raises(ConfigError):
+        SyncConfig(("a",), -0.1, 1.0, 1.0)
+    with pytest.raises(ConfigError):
+        SyncConfig(("a",), float("nan"), 1.0, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(VIEWS + ("pose",)), st.floats(0.0, 10.0, allow_nan=False)), max_size=60
+    ),
+    now=st.floats(0.0, 11.0, allow_nan=False),
+)
+def test_any_sequence_yields_a_valid_set_or_a_reason(events, now):
+    s = make(slop=0.05, img=0.5, pose=0.5)
+    for name, t in events:
+        if name == "pose":
+            s.add_pose(t, t)
+        else:
+            s.add_frame(name, t, t)
+    got = s.poll(now)
+    if got is None:
+        assert s.reason
+        return
+    stamps = [f.stamp_s for f in got.frames.values()]
+    assert max(stamps) - min(stamps) <= 0.05
+    assert all(abs(now - t) <= 0.5 for t in stamps)
+    assert abs(now - got.pose.stamp_s) <= 0.5
+    # depth 1: every frame is the newest frame received for its view
+    for v in VIEWS:
+        assert got.frames[v].stamp_s == max(t for n, t in events if n == v)
+    s.consume(got)
+    assert s.poll(now) is None
