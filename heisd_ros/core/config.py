@@ -156,9 +156,18 @@ class StoreConfig:
     hnsw_ef_construct: int = 100
     exact_search_below: int = 20000
     """Partitions with fewer points are searched exactly."""
+    shard_by_task: bool = False
+    """Backend 'remote' only: make the task Qdrant's custom shard key (one shard per task, created on
+    first upsert; queries select the task's shard). qdrant-client local mode cannot shard."""
+    task_cache_ttl_s: float = 5.0
+    """How long per-task point counts (has_task, partition size) are trusted before the database is
+    asked again; upserts through the same store refresh them at once. 0 = always ask."""
 
     def __post_init__(self) -> None:
         _require(self.backend in ("edge", "local", "remote"), f"unknown store backend {self.backend!r}")
+        _require(not self.shard_by_task or self.backend == "remote", "shard_by_task needs backend 'remote'")
+        _require(self.exact_search_below >= 0, "exact_search_below must be >= 0")
+        _require(self.task_cache_ttl_s >= 0, "task_cache_ttl_s must be >= 0")
         _require(self.backend != "remote" or bool(self.url), "backend 'remote' needs a url")
         _require(self.backend != "edge" or bool(self.path), "backend 'edge' needs a path")
         _require(self.timeout_s > 0, "timeout_s must be > 0")
