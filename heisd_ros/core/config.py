@@ -152,6 +152,10 @@ class StoreConfig:
     api_key_env: str = "QDRANT_API_KEY"
     """Name of the environment variable holding the API key (the key itself never appears in config)."""
     timeout_s: float = 0.5
+    """Deadline of each read request to a remote server (search, count), seconds."""
+    write_timeout_s: float = 30.0
+    """Deadline of writes and administration on a remote server (upsert batches, creating the
+    collection or a shard key), which legitimately take longer than a search, seconds."""
     hnsw_m: int = 16
     hnsw_ef_construct: int = 100
     exact_search_below: int = 20000
@@ -170,7 +174,8 @@ class StoreConfig:
         _require(self.task_cache_ttl_s >= 0, "task_cache_ttl_s must be >= 0")
         _require(self.backend != "remote" or bool(self.url), "backend 'remote' needs a url")
         _require(self.backend != "edge" or bool(self.path), "backend 'edge' needs a path")
-        _require(self.timeout_s > 0, "timeout_s must be > 0")
+        _require(0 < self.timeout_s <= 3600, "timeout_s must be in (0, 3600]")
+        _require(0 < self.write_timeout_s <= 3600, "write_timeout_s must be in (0, 3600]")
         _require(self.hnsw_m >= 4 and self.hnsw_ef_construct >= 4, "HNSW parameters too small")
 
 
@@ -188,8 +193,13 @@ class DecoderConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     fused_metric: FusedMetricConfig = field(default_factory=FusedMetricConfig)
     verify_skip: VerifySkipConfig = field(default_factory=VerifySkipConfig)
+    unknown_task: str = "error"
+    """A task without database entries: 'error' (UnknownTaskError) or 'drafter' (decode without retrieval)."""
+    unnorm_key: str = ""
+    """Which entry of the model's dataset statistics un-normalises actions ('' = the model's default)."""
 
     def __post_init__(self) -> None:
+        _require(self.unknown_task in ("error", "drafter"), "unknown_task must be 'error' or 'drafter'")
         _require(self.method in METHODS, f"unknown method {self.method!r}; choose one of {METHODS}")
         _require(len(self.views) >= 1, "at least one view is required")
         _require(len(set(self.views)) == len(self.views), "view names must be unique")

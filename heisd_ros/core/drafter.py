@@ -1,0 +1,186 @@
+"""EAGLE-style drafter head and EAGLE-2 dynamic draft-tree expansion.
+
+The head is one LLaMA decoder block fed by fc([token embedding ; target feature]); its output
+approximates the target's next feature, and the *target's* lm_head (action rows) turns it into
+draft logits. For committed position i the input pair is (f_i, e(x_{i+1})): the target's lm_head
+input at i and the embedding of the token that follows it. The head keeps its own KV cache of
+committed pairs; tree expansion adds temporary entries that are cropped afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from heisd_ros.core.config import DrafterTreeConfig
+from heisd_ros.core.errors import ModelLoadError
+from heisd_ros.core.tree import DraftTree
+from heisd_ros.core.verifier import build_attention, compact_cache
+
+
+class EagleDrafter(nn.Module):
+    """fc(2D -> D) + one LLaMA decoder block (+ final RMSNorm, matching the target's features)."""
+
+    def __init__(self, llm_config) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        cfg = llm_config.to_dict()
+        cfg.update(num_hidden_layers=1, vocab_size=1)  # inputs are always embeddings
+        cfg.pop("architectures", None)
+        self.config = LlamaConfig(**cfg)
+        hidden = self.config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.block = LlamaModel(self.config)
+
+    def fuse(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
+        """features, token_embeds [T, D] -> block inputs [T, D]."""
+        return self.fc(torch.cat([token_embeds, features], dim=-1))
+
+    def forward(self, features, token_embeds, attention_mask=None, position_ids=None, cache=None):
+        """Predicted next features [1, T, D] (training: causal over a whole sequence)."""
+        x = self.fuse(features, token_embeds)
+        out = self.block(inputs_embeds=x[None] if x.dim() == 2 else x, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, use_cache=cache is not None)
+        return out.last_hidden_state
+
+    def save(self, directory: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "drafter_config.json").write_text(json.dumps({"model_type": "heisd_eagle_drafter", "llm": self.config.to_dict()}))
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(d / "drafter.safetensors"))
+
+
+def load_drafter(directory: str | Path, target_config, dtype: torch.dtype = torch.float32) -> EagleDrafter:
+    """Load a drafter saved by `EagleDrafter.save`; its hidden size must match the target's."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    weights = d / "drafter.safetensors"
+    if not weights.is_file():
+        raise ModelLoadError(f"missing drafter weights {weights}")
+    drafter = EagleDrafter(target_config)
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelLoadError(f"corrupt drafter weights {weights}: {err}") from err
+    expected = drafter.state_dict()
+    bad = [k for k, v in state.items() if k in expected and expected[k].shape != v.shape]
+    if bad or set(state) != set(expected):
+        raise ModelLoadError(f"{weights} does not match the target model (hidden {target_config.hidden_size}): {bad[:3] or sorted(set(state) ^ set(expected))[:3]}")
+    drafter.load_state_dict(state)
+    return drafter.to(dtype).eval()
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index into the node list, -1 = root
+    score: float  # cumulative log-probability
+    cache_slot: int = -1  # position of this node's pair in the temporary drafter cache
+
+
+class DrafterSession:
+    """The drafter's KV cache for one control step, and EAGLE-2 tree expansion."""
+
+    def __init__(self, drafter: EagleDrafter, target_embed: nn.Embedding, head_weight: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        self.drafter = drafter
+        self.embed = target_embed
+        self.head_weight = head_weight
+        self.cache = DynamicCache(config=drafter.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def extend(self, features: torch.Tensor, next_embeds: torch.Tensor) -> None:
+        """Commit pairs (f_i, e_{i+1}) for the next positions: features, next_embeds [T, D]."""
+        if features.shape[0] == 0:
+            return
+        mask, pos = build_attention(self.length, features.shape[0], None, features.dtype, features.device)
+        self.drafter(features, next_embeds, attention_mask=mask, position_ids=pos, cache=self.cache)
+        self.length += features.shape[0]
+
+    @torch.inference_mode()
+    def expand(self, root_feature: torch.Tensor, root_token: int, depth: int, cfg: DrafterTreeConfig) -> DraftTree:
+        """EAGLE-2 dynamic tree below the pending `root_token` (produced by target feature `root_feature` [D]).
+
+        Each depth expands the `top_k` best frontier nodes by cumulative log-probability into
+        their `top_k` best children; finally the `total_tokens` best nodes overall are kept
+        (a child never outscores its parent, so kept nodes' ancestors are kept too).
+        """
+        base = self.length
+        self._node_hidden: dict[int, torch.Tensor] = {}
+        emb = self.embed(torch.tensor([root_token], device=root_feature.device))
+        hidden = self._run(root_feature[None], emb, None, base)  # [1, D]
+        nodes: list[_Node] = []
+        frontier = self._children(hidden[0], 0.0, -1, cfg.top_k, nodes)
+        slot = base + 1
+        for _ in range(1, depth):
+            frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: cfg.top_k]
+            tree = DraftTree()
+            for i in frontier:  # frontier nodes attend to their expanded ancestors in the temp cache
+                nodes[i].cache_slot = slot + len(tree.tokens)
+                tree.tokens.append(nodes[i].token)
+            parent_hidden = torch.stack([self._node_hidden[nodes[i].parent] if nodes[i].parent >= 0 else hidden[0] for i in frontier])
+            out = self._run(parent_hidden, self.embed(torch.tensor(tree.tokens, device=hidden.device)), [self._ancestor_slots(nodes, i, base) for i in frontier], base)
+            slot += len(frontier)
+            new_frontier: list[int] = []
+            for row, i in enumerate(frontier):
+                self._node_hidden[i] = out[row]
+                new_frontier += self._children(out[row], nodes[i].score, i, cfg.top_k, nodes)
+            frontier = new_frontier
+        compact_cache(self.cache, base, [])
+        keep = sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: cfg.total_tokens]
+        return _to_tree(nodes, set(keep))
+
+    def _children(self, hidden: torch.Tensor, score: float, parent: int, k: int, nodes: list[_Node]) -> list[int]:
+        logp = torch.log_softmax((hidden @ self.head_weight.T).float(), dim=-1)
+        top = torch.topk(logp, k)
+        first = self.embed.num_embeddings - 256
+        out = []
+        for lp, j in zip(top.values.tolist(), top.indices.tolist()):
+            nodes.append(_Node(token=first + j, parent=parent, score=score + lp))
+            out.append(len(nodes) - 1)
+        return out
+
+    def _ancestor_slots(self, nodes: list[_Node], i: int, base: int) -> list[int]:
+        slots, p = [base], nodes[i].parent  # base = the root pair's slot
+        while p >= 0:
+            slots.append(nodes[p].cache_slot)
+            p = nodes[p].parent
+        return slots + [nodes[i].cache_slot]
+
+    def _run(self, features, token_embeds, visible_slots, base) -> torch.Tensor:
+        """Drafter forward for T new entries; visible_slots=None means one causal root entry."""
+        t = features.shape[0]
+        past = self.cache.get_seq_length()
+        dtype = features.dtype
+        if visible_slots is None:
+            mask, pos = build_attention(past, t, None, dtype, features.device)
+        else:
+            allowed = torch.zeros(t, past + t, dtype=torch.bool, device=features.device)
+            allowed[:, :base] = True
+            for row, slots in enumerate(visible_slots):
+                allowed[row, slots] = True
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=features.device)
+            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+            mask = mask[None, None]
+            pos = torch.tensor([[base + len(s) - 1 for s in visible_slots]], device=features.device)
+        return self.drafter(features, token_embeds, attention_mask=mask, position_ids=pos, cache=self.cache)[0]
+
+
+def _to_tree(nodes: list[_Node], keep: set[int]) -> DraftTree:
+    tree = DraftTree()
+    index: dict[int, int] = {}
+    for i, node in enumerate(nodes):  # nodes are created parent-first
+        if i in keep and (node.parent < 0 or node.parent in index):
+            index[i] = tree.add(node.token, index[node.parent] if node.parent >= 0 else -1)
+    return tree

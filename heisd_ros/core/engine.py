@@ -1,0 +1,259 @@
+"""HybridDecoder: one control step of HeiSD and of every baseline (DESIGN §2).
+
+    step(obs): vision (all views, one batch) -> fused metric -> mode
+               retrieval: Top-K -> verify-skip?  -> sequence tree fused into the prefill -> accept
+               drafter:   prefill -> EAGLE-2 tree -> verify -> accept ... until 7 tokens
+               -> detokenize -> (action, StepStats)
+
+Baselines are switches of the same engine (DESIGN §2): `ar`, `drafter` (strict D-SD), `specvla`
+(D-SD + token-relaxed acceptance), `retrieval` (Top-1 chain fused into the prefill, strict,
+no skip, AR continuation), `heisd` (all of the above).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from heisd_ros.core.acceptance import AcceptanceRule, TreeAcceptance, make_rule, walk_tree
+from heisd_ros.core.config import DecoderConfig, _require
+from heisd_ros.core.drafter import DrafterSession, EagleDrafter
+from heisd_ros.core.errors import DatabaseError, InvalidObservationError, UnknownTaskError
+from heisd_ros.core.kinematics import FusedMetric
+from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
+from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats
+from heisd_ros.core.verifier import TargetSession
+from heisd_ros.core.verify_skip import VerifySkipPolicy
+
+NEEDS_DRAFTER = ("drafter", "specvla", "heisd")
+NEEDS_STORE = ("retrieval", "heisd")
+
+
+class _StepDecode:
+    """Token state of one control step: fixed tokens, the features that produced them, caches."""
+
+    def __init__(self, target: TargetSession, drafter: DrafterSession | None, prompt: torch.Tensor) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.prompt = prompt  # [P, D]
+        self.tokens: list[int] = []
+        self.producers: list[torch.Tensor] = []  # lm_head input that produced each fixed token
+        self.tokens_per_forward: list[int] = []
+        self.root_feature: torch.Tensor | None = None  # feature at the last committed position
+        self._pair_feats: list[torch.Tensor] = []  # drafter pairs not yet given to the drafter
+        self._pair_embeds: list[torch.Tensor] = []
+
+    @property
+    def remaining(self) -> int:
+        return ACTION_DIM - len(self.tokens)
+
+    def forward(self, tree: DraftTree | None, rule: AcceptanceRule, vocab_size: int) -> TreeAcceptance:
+        """One target forward (the prefill if nothing is cached yet), acceptance and cache commit."""
+        prefill = self.target.length == 0
+        chain = self.prompt if prefill else self.target.token_embeds([self.tokens[-1]])
+        res = self.target.forward(chain, tree)
+        start = len(self.tokens)
+        if tree is not None and len(tree):
+            draft_bins = vocab_size - np.asarray(tree.tokens)
+            acc = walk_tree(tree, int(res.bins[0]), res.bins[1:].cpu().numpy(), draft_bins, start, rule)
+        else:
+            acc = TreeAcceptance([], int(res.bins[0]))
+        self.target.commit(acc.nodes)
+        node_hidden = [res.hidden[1 + n] for n in acc.nodes]
+        fixed = [tree.tokens[n] for n in acc.nodes] if acc.nodes else []
+        if acc.bonus_bin is not None:
+            fixed.append(vocab_size - acc.bonus_bin)
+        self.producers += ([res.hidden[0]] + node_hidden)[: len(fixed)]
+        self.tokens += fixed
+        self.tokens_per_forward.append(len(fixed))
+        # Drafter pairs (f_i, e_{i+1}) over the positions this forward committed.
+        feats = list(res.chain_hidden) + node_hidden
+        embeds = list(chain) + (list(self.target.token_embeds(fixed[: len(node_hidden)])) if node_hidden else [])
+        if prefill:
+            self._pair_feats += feats[:-1]
+            self._pair_embeds += embeds[1:]
+        else:
+            self._pair_feats += [self.root_feature] + feats[:-1]
+            self._pair_embeds += embeds
+        self.root_feature = feats[-1]
+        return acc
+
+    def draft(self, depth: int, cfg) -> DraftTree:
+        """EAGLE-2 tree below the pending token (feeds the drafter the pairs it has not seen)."""
+        if self._pair_feats:
+            self.drafter.extend(torch.stack(self._pair_feats), torch.stack(self._pair_embeds))
+            self._pair_feats, self._pair_embeds = [], []
+        return self.drafter.expand(self.root_feature, self.tokens[-1], depth, cfg)
+
+
+class HybridDecoder:
+    """`step(observation) -> (action, StepStats)` for one of the methods in `config.METHODS`."""
+
+    def __init__(self, vla, cfg: DecoderConfig, store=None, drafter: EagleDrafter | None = None) -> None:
+        _require(cfg.method not in NEEDS_DRAFTER or drafter is not None, f"method {cfg.method!r} needs a drafter")
+        _require(cfg.method not in NEEDS_STORE or store is not None, f"method {cfg.method!r} needs a database")
+        self.vla = vla
+        self.cfg = cfg
+        self.store = store
+        self.drafter = drafter
+        self.stats_norm = vla.stats(cfg.unnorm_key or None)
+        self.vocab_size = vla.action_tokenizer.vocab_size
+        self.head = vla.action_head_weight()
+        self.metric = FusedMetric(cfg.fused_metric)
+        self.skip = VerifySkipPolicy(cfg.verify_skip)
+        self.strict = make_rule("strict", cfg.acceptance)
+        self.drafter_rule = make_rule("token" if cfg.method == "specvla" else "strict", cfg.acceptance)
+        self.retrieval_rule = make_rule("sequence" if cfg.method == "heisd" else "strict", cfg.acceptance)
+        self.instruction: str | None = None
+        self.f_live: np.ndarray | None = None
+        self.last_gripper_token: int | None = None
+
+    # -- episode -------------------------------------------------------------------------------
+    def reset(self, instruction: str | None = None) -> None:
+        """Start a new episode: clears the trajectory window and the skip state."""
+        self.instruction = instruction
+        self.metric.reset()
+        self.skip.reset_episode()
+        self.f_live = None
+        self.last_gripper_token = None
+
+    def episode_feedback(self, success: bool) -> None:
+        self.skip.feedback(bool(success))
+
+    def health(self) -> tuple[bool, str]:
+        if self.store is None:
+            return True, "no database"
+        return self.store.health()
+
+    # -- the control step ----------------------------------------------------------------------
+    def step(self, obs: Observation) -> tuple[np.ndarray, StepStats]:
+        self._validate(obs)
+        if obs.instruction != self.instruction:
+            self.reset(obs.instruction)
+        st = StepStats(method=self.cfg.method)
+        lat = st.latency_ms
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            with self._timed(lat, "vision"):
+                query, visual = self._vision(obs)
+            self.metric.push(np.asarray(obs.ee_pos, dtype=np.float64))
+            f = self.metric.value()
+            st.fused_metric = math.nan if f is None else float(f)
+            hits = self._maybe_retrieve(obs, query, st, lat)
+            decode = None
+            if hits:
+                decode = self._retrieval_mode(obs, hits, visual, st, lat)
+            else:
+                st.mode = "ar" if self.cfg.method == "ar" else "drafter"
+                decode = self._new_decode(obs, visual, lat)
+                self._finish(decode, st, lat)
+        with self._timed(lat, "detokenize"):
+            tokens = np.asarray(st.tokens)
+            action = self.stats_norm.unnormalise(self.vla.action_tokenizer.decode(tokens))
+        if not np.all(np.isfinite(action)):
+            raise InvalidObservationError(f"decoded action is not finite: {action}")
+        if decode is not None:
+            self.f_live = torch.stack(decode.producers).float().mean(0).cpu().numpy()
+        self.last_gripper_token = int(tokens[GRIPPER_INDEX])
+        self.skip.record(st.skipped)
+        lat["total"] = (time.perf_counter() - t0) * 1e3
+        return action, st
+
+    # -- stages --------------------------------------------------------------------------------
+    def _vision(self, obs: Observation) -> tuple[np.ndarray, torch.Tensor]:
+        """Backbone on all views in one batch -> (retrieval query [V*C], visual prefix [N, D])."""
+        pixels = self.vla.preprocess([obs.images[v] for v in self.cfg.views])
+        patches = self.vla.vision_backbone(pixels)  # [V, N, C]
+        pooled = patches.float().mean(dim=1).flatten()
+        query = (pooled / pooled.norm().clamp_min(1e-12)).cpu().numpy()
+        return query, self.vla.projector(patches[0])
+
+    def _maybe_retrieve(self, obs: Observation, query: np.ndarray, st: StepStats, lat: dict) -> list[Hit]:
+        method = self.cfg.method
+        if method not in NEEDS_STORE:
+            return []
+        if method == "heisd" and not self.metric.prefers_retrieval():
+            return []
+        with self._timed(lat, "retrieval"):
+            try:
+                if not self.store.has_task(obs.task_key):
+                    if self.cfg.unknown_task == "error":
+                        raise UnknownTaskError(f"task {obs.task_key!r} has no demonstrations in the database")
+                    st.fallback = "task not in database"
+                    return []
+                k = 1 if method == "retrieval" else self.cfg.retrieval.top_k
+                hits = self.store.search(query, obs.task_key, k)
+            except UnknownTaskError:
+                raise
+            except DatabaseError as err:  # documented fallback: decode without retrieval
+                st.fallback = f"database fault: {err}"
+                return []
+        if hits:
+            st.retrieval_score = float(hits[0].score)
+        return hits
+
+    def _retrieval_mode(self, obs, hits: list[Hit], visual, st: StepStats, lat: dict) -> "_StepDecode | None":
+        st.mode = "retrieval"
+        if self.cfg.method == "heisd" and self.cfg.verify_skip.enabled:
+            for hit in hits:
+                if self.skip.decide(self.f_live, hit, np.asarray(obs.ee_pos), self.last_gripper_token).skip:
+                    st.mode, st.skipped, st.tokens = "skip", True, tuple(int(t) for t in hit.action_tokens)
+                    return None
+        with self._timed(lat, "draft"):
+            drafts = [tuple(int(t) for t in h.action_tokens) for h in hits]
+            if self.cfg.method == "heisd":
+                tree = sequence_tree(drafts, max_nodes=self.cfg.retrieval.max_tree_nodes)
+            else:
+                tree = chain_tree(drafts[0])
+        decode = self._new_decode(obs, visual, lat)
+        with self._timed(lat, "verify"):
+            decode.forward(tree, self.retrieval_rule, self.vocab_size)
+        self._finish(decode, st, lat)
+        return decode
+
+    def _new_decode(self, obs, visual, lat: dict) -> _StepDecode:
+        with self._timed(lat, "prompt"):
+            prompt = self.vla.prompt_embeds(obs.instruction, visual)[0]
+        target = TargetSession(self.vla.language_model, self.head)
+        drafter = None
+        if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:
+            drafter = DrafterSession(self.drafter, self.vla.get_input_embeddings(), self.head)
+        return _StepDecode(target, drafter, prompt)
+
+    def _finish(self, decode: _StepDecode, st: StepStats, lat: dict) -> None:
+        """Complete the step to 7 tokens: AR for `ar`/`retrieval`, drafter SD otherwise."""
+        use_drafter = decode.drafter is not None
+        while decode.remaining > 0:
+            tree = None
+            if use_drafter and decode.tokens:
+                with self._timed(lat, "draft"):
+                    tree = decode.draft(min(self.cfg.drafter_tree.depth, decode.remaining), self.cfg.drafter_tree)
+            with self._timed(lat, "verify"):
+                decode.forward(tree, self.drafter_rule, self.vocab_size)
+        st.tokens = tuple(decode.tokens)
+        st.llm_forwards = decode.target.forwards
+        st.tokens_per_forward = decode.tokens_per_forward
+
+    def _validate(self, obs: Observation) -> None:
+        missing = [v for v in self.cfg.views if v not in obs.images]
+        if missing:
+            raise InvalidObservationError(f"missing view(s) {missing}; expected {list(self.cfg.views)}")
+        pos = np.asarray(obs.ee_pos, dtype=np.float64) if obs.ee_pos is not None else np.empty(0)
+        if pos.shape != (3,) or not np.all(np.isfinite(pos)):
+            raise InvalidObservationError(f"end-effector position must be 3 finite numbers, got {obs.ee_pos!r}")
+        if not isinstance(obs.instruction, str) or not obs.instruction.strip():
+            raise InvalidObservationError("instruction is empty")
+
+    @contextmanager
+    def _timed(self, lat: dict, stage: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.vla.device.type == "cuda":
+                torch.cuda.synchronize()
+            lat[stage] = lat.get(stage, 0.0) + (time.perf_counter() - t) * 1e3

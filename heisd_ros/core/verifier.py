@@ -1,0 +1,108 @@
+"""One LLM forward over `chain + draft tree` on top of a KV cache, and cache compaction.
+
+Every forward of the target model goes through `TargetSession.forward`:
+
+    input  = chain (L tokens, causal: the prompt in a prefill, or the single pending token)
+             + tree (N draft nodes, each attending to the cache, the chain and its ancestors)
+    output = final hidden states (the lm_head inputs) and the argmax *bin* at each position
+
+Only the 256 action rows of the lm_head are evaluated (decoding is constrained to action tokens
+in every method, so AR and speculative paths agree by construction), and only at the positions
+whose predictions are used: the chain's last position and the tree nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from heisd_ros.core.tree import DraftTree
+
+
+@dataclass
+class ForwardResult:
+    hidden: torch.Tensor
+    """[1 + N, D]: lm_head inputs at the chain's last position, then at each tree node."""
+    bins: torch.Tensor
+    """[1 + N] int64: the target's argmax bin predicted at those positions."""
+    chain_hidden: torch.Tensor | None = None
+    """[L, D]: lm_head inputs at every chain position (the drafter's features)."""
+
+
+def build_attention(
+    past: int, chain: int, tree: DraftTree | None, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive mask [1, 1, L+N, past+L+N] and position ids [1, L+N] for a chain + tree forward.
+
+    Tree node positions are `past + chain - 1 + depth`, so siblings share a position, exactly as
+    if each root-to-node path had been decoded alone.
+    """
+    n = len(tree) if tree is not None else 0
+    total = past + chain + n
+    allowed = torch.zeros(chain + n, total, dtype=torch.bool, device=device)
+    allowed[:, :past] = True
+    allowed[:chain, past : past + chain] = torch.tril(torch.ones(chain, chain, dtype=torch.bool, device=device))
+    positions = torch.arange(past, past + chain, device=device)
+    if n:
+        allowed[chain:, past : past + chain] = True
+        allowed[chain:, past + chain :] = torch.from_numpy(tree.ancestor_mask()).to(device)
+        depths = torch.tensor(tree.depths, device=device)
+        positions = torch.cat([positions, past + chain - 1 + depths])
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None], positions[None]
+
+
+def compact_cache(cache, keep: int, extra: list[int]) -> None:
+    """Keep cache positions [0, keep) plus `extra` (absolute positions, ascending), in place."""
+    if not extra:
+        for layer in cache.layers:
+            if layer.keys.shape[2] > keep:
+                layer.keys = layer.keys[:, :, :keep]
+                layer.values = layer.values[:, :, :keep]
+        return
+    device = cache.layers[0].keys.device
+    index = torch.cat([torch.arange(keep, device=device), torch.tensor(extra, device=device)])
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(2, index)
+        layer.values = layer.values.index_select(2, index)
+
+
+class TargetSession:
+    """The target LLM's KV cache for one control step; `length` = positions committed so far."""
+
+    def __init__(self, language_model, head_weight: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        self.lm = language_model
+        self.head_weight = head_weight  # [256, D]; column j of the logits is bin 256 - j
+        self.embed = language_model.get_input_embeddings()
+        self.cache = DynamicCache(config=language_model.config)
+        self.length = 0
+        self.forwards = 0
+
+    def token_embeds(self, tokens: list[int]) -> torch.Tensor:
+        """[len(tokens), D] input embeddings."""
+        return self.embed(torch.tensor(tokens, device=self.head_weight.device))
+
+    @torch.inference_mode()
+    def forward(self, chain_embeds: torch.Tensor, tree: DraftTree | None = None) -> ForwardResult:
+        """chain_embeds [L, D] (+ tree) through the LLM; the cache grows by L + N (see `commit`)."""
+        chain = chain_embeds.shape[0]
+        embeds = chain_embeds
+        if tree is not None and len(tree):
+            embeds = torch.cat([chain_embeds, self.token_embeds(tree.tokens)])
+        mask, positions = build_attention(self.length, chain, tree, embeds.dtype, embeds.device)
+        out = self.lm.model(inputs_embeds=embeds[None], attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
+        self.forwards += 1
+        self._pending = chain
+        hidden = out.last_hidden_state[0, chain - 1 :]
+        bins = 256 - (hidden @ self.head_weight.T).argmax(dim=-1)
+        return ForwardResult(hidden=hidden, bins=bins, chain_hidden=out.last_hidden_state[0, :chain])
+
+    def commit(self, accepted_nodes: list[int]) -> None:
+        """Keep the last forward's chain and its accepted tree nodes (in path order) in the cache."""
+        keep = self.length + self._pending
+        compact_cache(self.cache, keep, [keep + n for n in accepted_nodes])
+        self.length = keep + len(accepted_nodes)

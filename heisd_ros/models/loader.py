@@ -1,0 +1,113 @@
+"""Load VLA checkpoints from a local directory (offline; never a hub) and build tiny test models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heisd_ros.core.action_tokenizer import NormStats, load_dataset_statistics
+from heisd_ros.core.config import from_dict
+from heisd_ros.core.errors import ConfigError, ModelLoadError
+from heisd_ros.models.text_tokenizer import HashWordTokenizer, HFTokenizer
+from heisd_ros.models.vla import VLAConfig, VLAModel
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _text_tokenizer(cfg: VLAConfig, directory: Path | None):
+    if cfg.tokenizer == "hash_words":
+        return HashWordTokenizer(cfg.hash_text_ids)
+    if directory is None:
+        raise ModelLoadError("an 'hf' tokenizer needs a model directory")
+    try:
+        return HFTokenizer(str(directory), append_ids=cfg.append_ids)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load tokenizer from {directory}: {err}") from err
+
+
+def load_vla(directory: str | Path, dtype: str = "float32", device: str = "cpu") -> VLAModel:
+    """Load a VLA saved by `VLAModel.save_pretrained` (or an OpenVLA checkpoint) from `directory`."""
+    d = Path(directory)
+    config_path = d / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"no config.json in model directory {d}")
+    try:
+        meta = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"corrupt model config {config_path}: {err}") from err
+    model_type = meta.get("model_type")
+    if model_type == "openvla":
+        from heisd_ros.models.openvla import load_openvla
+
+        return load_openvla(d, dtype=dtype, device=device)
+    if model_type != "heisd_vla":
+        raise ModelLoadError(f"{config_path}: unsupported model_type {model_type!r}")
+    try:
+        cfg = from_dict(VLAConfig, meta["heisd_vla"])
+    except (KeyError, ConfigError, TypeError) as err:
+        raise ModelLoadError(f"{config_path}: invalid heisd_vla section: {err}") from err
+    stats = load_dataset_statistics(d / "dataset_statistics.json")
+    model = VLAModel(cfg, stats, _text_tokenizer(cfg, d))
+    _load_weights(model, d / "model.safetensors")
+    return model.to(device=device, dtype=DTYPES[dtype]).eval()
+
+
+def _load_weights(model: torch.nn.Module, path: Path) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise ModelLoadError(f"missing weights file {path}")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelLoadError(f"corrupt weights file {path}: {err}") from err
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if name in expected and expected[name].shape != tensor.shape:
+            raise ModelLoadError(
+                f"{path}: tensor {name} has shape {tuple(tensor.shape)}, model expects {tuple(expected[name].shape)}"
+            )
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = getattr(getattr(model, "language_model", None), "config", None)
+    allowed = {"language_model.lm_head.weight"} if tied is not None and tied.tie_word_embeddings else set()
+    missing = [m for m in missing if m not in allowed]
+    if missing or unexpected:
+        raise ModelLoadError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
+
+
+def tiny_vla_config(
+    vocab_size: int = 640, hidden_size: int = 128, layers: int = 4, image_size: int = 64, patch_size: int = 16
+) -> VLAConfig:
+    """A tiny OpenVLA-shaped config: 16 visual tokens, a 4-layer LLaMA (tests and the bench)."""
+    llm = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    return VLAConfig(vision="tinyconv", image_size=image_size, patch_size=patch_size, vision_dim=64, llm=llm)
+
+
+def tiny_vla(seed: int = 0, dtype: str = "float32", cfg: VLAConfig | None = None, **kwargs) -> VLAModel:
+    """Random-initialised tiny VLA with identity-like norm stats (seeded, nothing read from disk).
+
+    Random LLaMA weights give nearly uniform logits; the lm_head rows of the action tokens are
+    scaled up so greedy decoding depends on the input like a trained model's does (ties would
+    make "token-identical" meaningless).
+    """
+    cfg = cfg or tiny_vla_config(**kwargs)
+    torch.manual_seed(seed)
+    stats = {cfg.unnorm_key: NormStats(q01=-np.ones(7), q99=np.ones(7), mask=np.array([True] * 6 + [False]))}
+    model = VLAModel(cfg, stats, HashWordTokenizer(cfg.hash_text_ids))
+    with torch.no_grad():
+        model.action_head_weight().mul_(8.0)
+    return model.to(dtype=DTYPES[dtype]).eval()

@@ -1,0 +1,170 @@
+"""An OpenVLA-shaped policy: vision backbone -> projector -> LLaMA decoder (DESIGN §3).
+
+`VLAModel` exposes exactly what the decoding core needs from OpenVLA's HF class: the vision
+backbone, the projector, the language model (a transformers `LlamaForCausalLM`), its input
+embeddings, the action tokenizer and the normalisation statistics. Tiny, mini and OpenVLA-7B
+models all go through this one class, so every decoding path tested on the tiny model runs
+unchanged on the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats, select_stats
+from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
+from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE, HashWordTokenizer, HFTokenizer, TextTokenizer
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    """Architecture of a VLAModel; stored as config.json next to the weights."""
+
+    vision: str = "tinyconv"
+    """'tinyconv' (tests) or 'efficientnet_lite0' (mini VLA, real ImageNet weights)."""
+    image_size: int = 64
+    patch_size: int = 16
+    """tinyconv only: patch grid = image_size // patch_size per side."""
+    vision_dim: int = 64
+    llm: dict[str, Any] = field(default_factory=dict)
+    """LlamaConfig keyword arguments (vocab_size, hidden_size, layers, heads...)."""
+    tokenizer: str = "hash_words"
+    """'hash_words' or 'hf' (a tokenizer saved in the model directory)."""
+    hash_text_ids: int = 200
+    append_ids: tuple[int, ...] = ()
+    """Ids appended after the prompt (OpenVLA appends 29871 for LLaMA-2 tokenizers)."""
+    unnorm_key: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.vision not in VISION_BACKBONES:
+            raise ModelLoadError(f"unknown vision backbone {self.vision!r}; known: {sorted(VISION_BACKBONES)}")
+        if self.image_size < 8:
+            raise ModelLoadError("image_size must be >= 8")
+
+
+class TinyConvBackbone(nn.Module):
+    """Patchify conv + pointwise conv: images [B, 3, S, S] -> patch features [B, N, C]."""
+
+    def __init__(self, cfg: VLAConfig) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, cfg.vision_dim, cfg.patch_size, stride=cfg.patch_size)
+        self.mix = nn.Conv2d(cfg.vision_dim, cfg.vision_dim, 1)
+        self.out_dim = cfg.vision_dim
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.mix(nn.functional.gelu(self.patch(pixels)))
+        return x.flatten(2).transpose(1, 2)
+
+
+def _efficientnet_backbone(cfg: VLAConfig) -> nn.Module:
+    from heisd_ros.models.efficientnet import EfficientNetBackbone
+
+    return EfficientNetBackbone()
+
+
+VISION_BACKBONES = {"tinyconv": TinyConvBackbone, "efficientnet_lite0": _efficientnet_backbone}
+
+
+class VLAModel(nn.Module):
+    """vision_backbone -> projector -> language_model, with the OpenVLA prompt and action tokens."""
+
+    def __init__(self, cfg: VLAConfig, norm_stats: dict[str, NormStats], text_tokenizer: TextTokenizer) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        self.cfg = cfg
+        self.vision_backbone = VISION_BACKBONES[cfg.vision](cfg)
+        llm_cfg = LlamaConfig(**cfg.llm)
+        hidden = llm_cfg.hidden_size
+        self.projector = nn.Sequential(
+            nn.Linear(self.vision_backbone.out_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden)
+        )
+        self.language_model = LlamaForCausalLM(llm_cfg)
+        self.action_tokenizer = ActionTokenizer(llm_cfg.vocab_size)
+        self.norm_stats = norm_stats
+        self.text_tokenizer = text_tokenizer
+        self.image_mean = 0.5
+        self.image_std = 0.5
+        self._prompt_cache: dict[str, tuple[int, ...]] = {}
+
+    # -- shapes -------------------------------------------------------------------------------
+    @property
+    def hidden_size(self) -> int:
+        return self.language_model.config.hidden_size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.language_model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.language_model.parameters()).device
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.language_model.get_input_embeddings()
+
+    def action_head_weight(self) -> torch.Tensor:
+        """lm_head rows of the 256 action tokens [256, D]; row j is token first_token_id + j."""
+        return self.language_model.lm_head.weight[self.action_tokenizer.first_token_id :]
+
+    def stats(self, unnorm_key: str | None = None) -> NormStats:
+        return select_stats(self.norm_stats, unnorm_key or self.cfg.unnorm_key)
+
+    # -- inputs -------------------------------------------------------------------------------
+    def preprocess(self, images: list[np.ndarray]) -> torch.Tensor:
+        """RGB uint8 images [H, W, 3] (one per view) -> pixels [V, 3, S, S] in the model's dtype."""
+        for i, img in enumerate(images):
+            if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+                desc = f"{getattr(img, 'dtype', type(img).__name__)} {getattr(img, 'shape', '')}"
+                raise InvalidObservationError(f"view {i}: expected uint8 [H, W, 3] image, got {desc}")
+            if min(img.shape[:2]) < 8:
+                raise InvalidObservationError(f"view {i}: image {img.shape[:2]} too small")
+        s = self.cfg.image_size
+        batch = []
+        for img in images:
+            t = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float()
+            if t.shape[-2:] != (s, s):
+                t = nn.functional.interpolate(t, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
+            batch.append(t)
+        pixels = torch.cat(batch) / 255.0
+        pixels = (pixels - self.image_mean) / self.image_std
+        return pixels.to(device=self.device, dtype=self.dtype)
+
+    def _prompt_ids(self, instruction: str) -> tuple[int, ...]:
+        ids = self._prompt_cache.get(instruction)
+        if ids is None:
+            text = PROMPT_TEMPLATE.format(instruction=instruction.strip().lower().rstrip("."))
+            ids = self._prompt_cache[instruction] = tuple(self.text_tokenizer.encode(text))
+        return ids
+
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor) -> torch.Tensor:
+        """[BOS] + visual [N, D] + prompt text -> inputs_embeds [1, 1 + N + T_text, D] (OpenVLA order)."""
+        ids = torch.tensor(self._prompt_ids(instruction), device=self.device)
+        text = self.get_input_embeddings()(ids)
+        return torch.cat([text[:1], visual.to(text.dtype), text[1:]], dim=0)[None]
+
+    # -- persistence (OpenVLA-like directory: config.json, model.safetensors, dataset_statistics.json)
+    def save_pretrained(self, directory: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        meta = {"model_type": "heisd_vla", "heisd_vla": dataclasses.asdict(self.cfg)}
+        (d / "config.json").write_text(json.dumps(meta, indent=2))
+        stats = {k: v.to_json() for k, v in self.norm_stats.items()}
+        (d / "dataset_statistics.json").write_text(json.dumps(stats, indent=2))
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        # lm_head may be tied to the embeddings; safetensors refuses shared storage.
+        if self.language_model.config.tie_word_embeddings:
+            state.pop("language_model.lm_head.weight", None)
+        save_file(state, str(d / "model.safetensors"))
+        if self.cfg.tokenizer == "hf" and isinstance(self.text_tokenizer, HFTokenizer):
+            self.text_tokenizer._tok.save_pretrained(str(d))
