@@ -1,0 +1,16 @@
+# Standalone (venv) workflow; docs/install.md also covers the ROS 2 workspace build.
+VENV := .venv
+
+.PHONY: setup test demo bench
+
+setup:
+	bash scripts/setup_venv.sh
+
+test: setup
+	$(VENV)/bin/python -m pytest -q test
+
+demo: setup
+	$(VENV)/bin/heisd demo
+
+bench: setup
+	$(VENV)/bin/heisd bench --model tiny
