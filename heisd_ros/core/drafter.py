@@ -30,7 +30,7 @@ class EagleDrafter(nn.Module):
         from transformers import LlamaConfig, LlamaModel
 
         cfg = llm_config.to_dict()
-        cfg.update(num_hidden_layers=1, vocab_size=1)  # inputs are always embeddings
+        cfg.update(num_hidden_layers=1, vocab_size=1, bos_token_id=None, eos_token_id=None, pad_token_id=None)  # inputs are always embeddings
         cfg.pop("architectures", None)
         self.config = LlamaConfig(**cfg)
         hidden = self.config.hidden_size

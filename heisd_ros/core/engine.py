@@ -33,6 +33,17 @@ NEEDS_DRAFTER = ("drafter", "specvla", "heisd")
 NEEDS_STORE = ("retrieval", "heisd")
 
 
+def embed_views(vla, images: list[np.ndarray]) -> tuple[np.ndarray, torch.Tensor]:
+    """Backbone on all views in one batch -> (retrieval query [V*C] unit norm, patches [V, N, C]).
+
+    The query is the per-view mean over patches, concatenated and L2-normalised (DESIGN §2.1);
+    database builders call this too, so stored and live queries are the same function.
+    """
+    patches = vla.vision_backbone(vla.preprocess(images))
+    pooled = patches.float().mean(dim=1).flatten()
+    return (pooled / pooled.norm().clamp_min(1e-12)).cpu().numpy(), patches
+
+
 class _StepDecode:
     """Token state of one control step: fixed tokens, the features that produced them, caches."""
 
@@ -111,6 +122,7 @@ class HybridDecoder:
         self.instruction: str | None = None
         self.f_live: np.ndarray | None = None
         self.last_gripper_token: int | None = None
+        self.last_query: np.ndarray | None = None
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, instruction: str | None = None) -> None:
@@ -165,11 +177,8 @@ class HybridDecoder:
 
     # -- stages --------------------------------------------------------------------------------
     def _vision(self, obs: Observation) -> tuple[np.ndarray, torch.Tensor]:
-        """Backbone on all views in one batch -> (retrieval query [V*C], visual prefix [N, D])."""
-        pixels = self.vla.preprocess([obs.images[v] for v in self.cfg.views])
-        patches = self.vla.vision_backbone(pixels)  # [V, N, C]
-        pooled = patches.float().mean(dim=1).flatten()
-        query = (pooled / pooled.norm().clamp_min(1e-12)).cpu().numpy()
+        query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views])
+        self.last_query = query
         return query, self.vla.projector(patches[0])
 
     def _maybe_retrieve(self, obs: Observation, query: np.ndarray, st: StepStats, lat: dict) -> list[Hit]:

@@ -93,21 +93,15 @@ def tiny_vla_config(
         max_position_embeddings=1024,
         tie_word_embeddings=False,
         attn_implementation="sdpa",
+        initializer_range=0.1,  # wide enough that greedy actions depend on the image (0.02 gives constants)
     )
     return VLAConfig(vision="tinyconv", image_size=image_size, patch_size=patch_size, vision_dim=64, llm=llm)
 
 
 def tiny_vla(seed: int = 0, dtype: str = "float32", cfg: VLAConfig | None = None, **kwargs) -> VLAModel:
-    """Random-initialised tiny VLA with identity-like norm stats (seeded, nothing read from disk).
-
-    Random LLaMA weights give nearly uniform logits; the lm_head rows of the action tokens are
-    scaled up so greedy decoding depends on the input like a trained model's does (ties would
-    make "token-identical" meaningless).
-    """
+    """Random-initialised tiny VLA with identity norm stats (seeded, nothing read from disk)."""
     cfg = cfg or tiny_vla_config(**kwargs)
     torch.manual_seed(seed)
     stats = {cfg.unnorm_key: NormStats(q01=-np.ones(7), q99=np.ones(7), mask=np.array([True] * 6 + [False]))}
     model = VLAModel(cfg, stats, HashWordTokenizer(cfg.hash_text_ids))
-    with torch.no_grad():
-        model.action_head_weight().mul_(8.0)
     return model.to(dtype=DTYPES[dtype]).eval()

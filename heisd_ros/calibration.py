@@ -1,0 +1,148 @@
+"""Offline calibration of the hybrid boundary (DESIGN §5) and verify-skip thresholds (DESIGN §6).
+
+The calibration file is JSON: {"fused_metric": {...FusedMetricConfig fields},
+"verify_skip": {"min_similarity", "max_distance_m", "enabled"}, "meta": {...}}. It is applied on
+top of a DecoderConfig; a missing or corrupt file leaves the configured defaults (with a warning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from heisd_ros.core.acceptance import SequenceRelaxedRule
+from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, VerifySkipConfig
+from heisd_ros.core.errors import CalibrationError, ConfigError
+from heisd_ros.core.kinematics import FusedMetric, fit_normalisation
+from heisd_ros.core.verify_skip import calibrate_thresholds
+
+log = logging.getLogger(__name__)
+
+
+def passes_sequence_rule(draft_tokens: Sequence[int], target_tokens: Sequence[int], rule: SequenceRelaxedRule) -> bool:
+    """Would draft pass the sequence-relaxed check against target, group by group (all 7 tokens)?"""
+    d, t = np.asarray(draft_tokens), np.asarray(target_tokens)
+    return all(rule.accepts(d[a:b], t[a:b], a)[0] for a, b in ((0, 3), (3, 6), (6, 7)))
+
+
+def calibrate(points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, max_points: int = 4000, seed: int = 0) -> dict:
+    """Calibration dict from demonstration points (heisd_ros.store.schema.DemoPoint).
+
+    - Norm(R), Norm(D) statistics from the episodes' end-effector trajectories.
+    - tau: the F threshold that best separates steps whose best other-episode retrieval draft
+      passes the sequence-relaxed check from those that do not (leave-one-episode-out).
+    - min_S / O_dist from (feat_i, feat_prev_j) similarity, distance and pass over neighbour pairs.
+    """
+    rng = np.random.default_rng(seed)
+    rule = SequenceRelaxedRule()
+    episodes: dict[tuple[str, int], list] = {}
+    for p in points:
+        episodes.setdefault((p.task, p.episode), []).append(p)
+    for eps in episodes.values():
+        eps.sort(key=lambda p: p.step)
+    trajs = [np.stack([p.ee_pos for p in eps]) for eps in episodes.values()]
+    norm = fit_normalisation(trajs, fused.window_steps, fused)
+    fused = dataclasses.replace(fused, **norm)
+    # F of every step along its own episode (what the live metric would have seen).
+    f_of: dict[int, float] = {}
+    for eps in episodes.values():
+        metric = FusedMetric(fused)
+        for p in eps:
+            metric.push(p.ee_pos)
+            v = metric.value()
+            if v is not None:
+                f_of[id(p)] = v
+    all_points = [p for eps in episodes.values() for p in eps]
+    if len(all_points) > max_points:
+        all_points = [all_points[i] for i in rng.choice(len(all_points), max_points, replace=False)]
+    by_task: dict[str, list] = {}
+    for eps in episodes.values():
+        by_task.setdefault(eps[0].task, []).extend(eps)
+    sims, dists, passed, f_vals, f_pass = [], [], [], [], []
+    for task, members in by_task.items():
+        obs = np.stack([m.obs for m in members])
+        obs = obs / np.linalg.norm(obs, axis=1, keepdims=True)
+        feats = np.stack([m.feat for m in members])
+        feats = feats / np.linalg.norm(feats, axis=1, keepdims=True)
+        prevs = np.stack([m.feat_prev for m in members])
+        prevs = prevs / np.linalg.norm(prevs, axis=1, keepdims=True)
+        eps_ids = np.array([m.episode for m in members])
+        index = {id(m): k for k, m in enumerate(members)}
+        for p in all_points:
+            if p.task != task:
+                continue
+            i = index[id(p)]
+            score = obs @ obs[i]
+            score[eps_ids == eps_ids[i]] = -np.inf  # leave the episode out
+            order = np.argsort(-score)[:neighbours]
+            ok_any = False
+            for j in order:
+                if not np.isfinite(score[j]):
+                    continue
+                ok = passes_sequence_rule(members[j].action_tokens, p.action_tokens, rule)
+                ok_any |= ok
+                sims.append(float(feats[i] @ prevs[j]))
+                dists.append(float(np.linalg.norm(p.ee_pos - members[j].ee_pos)))
+                passed.append(ok)
+            if id(p) in f_of:
+                f_vals.append(f_of[id(p)])
+                f_pass.append(ok_any)
+    tau = _best_threshold(np.array(f_vals), np.array(f_pass, dtype=bool), default=fused.tau)
+    skip = calibrate_thresholds(np.array(sims), np.array(dists), np.array(passed, dtype=bool))
+    return {
+        "fused_metric": {**norm, "tau": tau},
+        "verify_skip": {
+            "enabled": bool(skip.qualified),
+            "min_similarity": float(min(skip.min_similarity, 0.9999)),
+            "max_distance_m": float(min(skip.max_distance_m, 0.2)),
+        },
+        "meta": {"n_points": len(points), "n_pairs": len(sims), "pass_rate": float(np.mean(passed)) if passed else 0.0,
+                 "retrieval_pass_rate_by_f": {"f": [float(x) for x in f_vals[:2000]], "passed": [bool(x) for x in f_pass[:2000]]},
+                 "skip_curve": skip.curve.to_dict()},
+    }
+
+
+def _best_threshold(f: np.ndarray, ok: np.ndarray, default: float) -> float:
+    """Threshold maximising balanced accuracy of (F >= tau) as a predictor of a passing draft."""
+    if f.size == 0 or ok.all() or not ok.any():
+        return default
+    best, best_score = default, -1.0
+    for tau in np.unique(np.quantile(f, np.linspace(0.05, 0.95, 19))):
+        pred = f >= tau
+        score = 0.5 * ((pred & ok).sum() / ok.sum() + (~pred & ~ok).sum() / (~ok).sum())
+        if score > best_score:
+            best, best_score = float(tau), score
+    return best
+
+
+def save_calibration(calib: dict, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(calib, indent=1))
+    tmp.replace(p)
+
+
+def apply_calibration(cfg: DecoderConfig, path: str | Path | None) -> DecoderConfig:
+    """cfg with the calibration file's values; missing/corrupt file -> cfg unchanged + warning."""
+    if not path:
+        return cfg
+    try:
+        data = json.loads(Path(path).read_text())
+        fused = dataclasses.replace(cfg.fused_metric, **data.get("fused_metric", {}))
+        skip_fields = {k: v for k, v in data.get("verify_skip", {}).items() if k in {f.name for f in dataclasses.fields(VerifySkipConfig)}}
+        skip = dataclasses.replace(cfg.verify_skip, **skip_fields)
+        if not cfg.verify_skip.enabled:  # a user's explicit "off" wins over the calibration
+            skip = dataclasses.replace(skip, enabled=False)
+        return dataclasses.replace(cfg, fused_metric=fused, verify_skip=skip)
+    except (OSError, json.JSONDecodeError, TypeError, ConfigError, AttributeError) as err:
+        log.warning("calibration %s unusable (%s); using configured defaults", path, err)
+        return cfg
+
+
+__all__ = ["calibrate", "apply_calibration", "save_calibration", "passes_sequence_rule", "CalibrationError"]

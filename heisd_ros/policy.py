@@ -1,0 +1,78 @@
+"""Assemble a HybridDecoder from files: model, drafter, database, calibration.
+
+`model_dir="tiny"` builds (once, cached under `tiny_cache_dir`) the tiny policy from synthetic
+demonstrations; every other value is a local model directory (offline, never a hub).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from heisd_ros.calibration import apply_calibration
+from heisd_ros.core.config import DecoderConfig, StoreConfig
+from heisd_ros.core.drafter import load_drafter
+from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
+from heisd_ros.core.errors import DatabaseUnavailableError, EmptyDatabaseError, ModelLoadError
+from heisd_ros.models.loader import DTYPES, load_vla
+
+log = logging.getLogger(__name__)
+DEFAULT_TINY_DIR = Path("artifacts/tiny")
+
+
+@dataclass(frozen=True)
+class PolicyPaths:
+    model_dir: str
+    drafter_dir: str = ""
+    db_path: str = ""
+    calibration_path: str = ""
+    tiny_cache_dir: str = str(DEFAULT_TINY_DIR)
+
+
+def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
+    """Expand `model_dir="tiny"` to the built tiny artifacts (building them if needed)."""
+    if paths.model_dir != "tiny":
+        return paths
+    from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
+
+    root = build_tiny_artifacts(paths.tiny_cache_dir)
+    return PolicyPaths(
+        model_dir=str(root / "model"),
+        drafter_dir=paths.drafter_dir or str(root / "drafter"),
+        db_path=paths.db_path or str(root / "db"),
+        calibration_path=paths.calibration_path or str(root / "calibration.json"),
+        tiny_cache_dir=paths.tiny_cache_dir,
+    )
+
+
+def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | None):
+    """The database for methods that retrieve; EmptyDatabaseError when it holds nothing."""
+    from heisd_ros.store.factory import make_store
+
+    if store_cfg is None:
+        if not paths.db_path:
+            raise DatabaseUnavailableError(f"method {cfg.method!r} needs a database; no db_path given")
+        store_cfg = StoreConfig(backend="edge", path=paths.db_path)
+    elif store_cfg.backend == "edge" and paths.db_path and store_cfg.path != paths.db_path:
+        store_cfg = dataclasses.replace(store_cfg, path=paths.db_path)
+    store = make_store(store_cfg)
+    if store.count() == 0:
+        store.close()
+        raise EmptyDatabaseError(f"the demonstration database at {store_cfg.path or store_cfg.url} is empty")
+    return store
+
+
+def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig | None = None, store=None) -> HybridDecoder:
+    paths = resolve_paths(paths)
+    vla = load_vla(paths.model_dir, dtype=cfg.dtype, device=cfg.device)
+    drafter = None
+    if cfg.method in NEEDS_DRAFTER:
+        if not paths.drafter_dir:
+            raise ModelLoadError(f"method {cfg.method!r} needs a drafter; no drafter_dir given")
+        drafter = load_drafter(paths.drafter_dir, vla.language_model.config, DTYPES[cfg.dtype]).to(cfg.device)
+    cfg = apply_calibration(cfg, paths.calibration_path)
+    if store is None and cfg.method in NEEDS_STORE:
+        store = open_store(cfg, paths, store_cfg)
+    return HybridDecoder(vla, cfg, store=store, drafter=drafter)

@@ -1,0 +1,169 @@
+"""heisd bench: run decoding methods side by side on the same observations.
+
+Usage:
+    heisd bench --model tiny [--methods ar,drafter,specvla,retrieval,heisd] [--episodes 2]
+                [--threads 1] [--dtype float32] [--json FILE]
+    heisd bench --model DIR --drafter DIR --db PATH --calibration FILE ...
+
+Every method decodes the same held-out episodes (synthetic for the tiny model) in one process.
+Per method: median step latency with its stage breakdown, LLM forwards per step, accept length
+(tokens per decoding cycle; a cycle is a verification forward or a skip), mode mix, speedup vs
+`ar` (ratio of medians) and whether its tokens equal `ar`'s at every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heisd_ros.core.config import METHODS, DecoderConfig
+from heisd_ros.core.types import Observation, StepStats
+
+STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize", "total")
+
+
+def _git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def tiny_observations(seed: int, n_episodes: int, n_steps: int) -> list[list[Observation]]:
+    """Held-out synthetic episodes (a seed the database was not built from)."""
+    from heisd_ros.sim import synthetic
+
+    episodes: dict[int, list[Observation]] = {}
+    for s in synthetic.episodes(seed, n_episodes, n_steps):
+        episodes.setdefault(s.episode, []).append(Observation(s.images, s.instruction, s.ee_pos))
+    return list(episodes.values())
+
+
+def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, warmup: int) -> dict:
+    measured = stats[warmup:]
+    lat = {k: float(np.median([s.latency_ms.get(k, 0.0) for s in measured])) for k in STAGES}
+    tokens = sum(len(s.tokens) for s in stats)
+    cycles = sum(s.decoding_cycles for s in stats)
+    modes: dict[str, int] = {}
+    for s in stats:
+        modes[s.mode] = modes.get(s.mode, 0) + 1
+    out = {
+        "method": name,
+        "steps": len(stats),
+        "median_step_ms": lat["total"],
+        "p90_step_ms": float(np.percentile([s.latency_ms["total"] for s in measured], 90)),
+        "mean_step_ms": float(np.mean([s.latency_ms["total"] for s in measured])),
+        "stage_median_ms": lat,
+        "forwards_per_step": sum(s.llm_forwards for s in stats) / len(stats),
+        "accept_length": tokens / cycles if cycles else float("nan"),
+        "mode_mix": {k: v / len(stats) for k, v in sorted(modes.items())},
+        "fallbacks": sum(1 for s in stats if s.fallback),
+    }
+    if ar_tokens is not None:
+        same = [tuple(s.tokens) == t for s, t in zip(stats, ar_tokens)]
+        out["tokens_identical_to_ar"] = bool(all(same))
+        out["fraction_steps_identical_to_ar"] = float(np.mean(same))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.policy import PolicyPaths, load_policy
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; choose from {METHODS}")
+    if "ar" not in methods:
+        methods = ["ar"] + methods
+    paths = PolicyPaths(args.model, args.drafter, args.db, args.calibration)
+    base_cfg = DecoderConfig(method="heisd", dtype=args.dtype)
+    heisd = load_policy(paths, base_cfg)  # loads model, drafter, database once; the rest share them
+    episodes = tiny_observations(args.seed + 1000, args.episodes, args.steps)
+    results: dict[str, dict] = {}
+    ar_tokens: list[tuple] | None = None
+    for method in methods:
+        cfg = dataclasses.replace(heisd.cfg, method=method)
+        dec = HybridDecoder(heisd.vla, cfg, store=heisd.store, drafter=heisd.drafter)
+        stats: list[StepStats] = []
+        for episode in episodes:
+            dec.reset(episode[0].instruction)
+            for obs in episode:
+                stats.append(dec.step(obs)[1])
+        results[method] = summarise(method, stats, ar_tokens, args.warmup)
+        if method == "ar":
+            ar_tokens = [tuple(s.tokens) for s in stats]
+            results[method]["tokens_identical_to_ar"] = True
+            results[method]["fraction_steps_identical_to_ar"] = 1.0
+    ar_ms = results["ar"]["median_step_ms"]
+    for r in results.values():
+        r["speedup_vs_ar"] = ar_ms / r["median_step_ms"]
+        r["lossless"] = r["method"] in ("ar", "drafter", "retrieval")
+    meta = {
+        "command": " ".join(["heisd", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "heisd bench",
+        "args": vars(args), "seed": args.seed, "threads": args.threads, "git_rev": _git_rev(),
+        "platform": platform.platform(), "torch": torch.__version__, "config": _cfg_dict(heisd.cfg),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return {**{m: results[m] for m in methods}, "_meta": meta}
+
+
+def _cfg_dict(cfg) -> dict:
+    from heisd_ros.core.config import to_dict
+
+    return to_dict(cfg)
+
+
+def print_table(report: dict) -> None:
+    head = f"{'method':<10} {'median ms':>9} {'speedup':>8} {'fwd/step':>8} {'accept':>7} {'= ar':>6}  stages (median ms)  modes"
+    print(head)
+    print("-" * len(head))
+    for name, r in report.items():
+        if name.startswith("_"):
+            continue
+        st = r["stage_median_ms"]
+        stages = " ".join(f"{k[:4]}={st[k]:.1f}" for k in STAGES[:-1] if st[k] > 0.05)
+        modes = ",".join(f"{k}:{v:.0%}" for k, v in r["mode_mix"].items())
+        same = "yes" if r.get("tokens_identical_to_ar") else f"{r.get('fraction_steps_identical_to_ar', 0):.0%}"
+        print(f"{name:<10} {r['median_step_ms']:>9.2f} {r['speedup_vs_ar']:>7.2f}x {r['forwards_per_step']:>8.2f} "
+              f"{r['accept_length']:>7.2f} {same:>6}  {stages}  {modes}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="heisd bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="'tiny' or a model directory")
+    p.add_argument("--drafter", default="", help="drafter directory (default: the tiny one for --model tiny)")
+    p.add_argument("--db", default="", help="embedded database directory")
+    p.add_argument("--calibration", default="", help="calibration JSON")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--episodes", type=int, default=2, help="held-out episodes per task")
+    p.add_argument("--steps", type=int, default=40, help="steps per episode")
+    p.add_argument("--warmup", type=int, default=3, help="steps excluded from latency statistics")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for comparable timings)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default="", help="write the report here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    report = run(args)
+    print_table(report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
