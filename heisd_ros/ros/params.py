@@ -1,0 +1,435 @@
+"""Node parameters, generated from the configuration dataclasses.
+
+Three groups, each one frozen dataclass validated in `__post_init__`:
+- node-only settings (`NodeConfig`, below): topics, rates, staleness limits, clipping, paths;
+- `decoder.*`: `DecoderConfig` and its sub-configs (heisd_ros.core.config), nested by field name;
+- `store.*`: `StoreConfig` (the demonstration database).
+
+Every field becomes one ROS parameter with a `ParameterDescriptor` whose description is the
+field's docstring. Values are read back into the dataclasses, so the dataclasses stay the only
+source of defaults and validation. Parameters that shape subscriptions, timers or the loaded
+model are read-only; the rest can be changed at run time and are re-validated on every change.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import math
+import typing
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from heisd_ros.core.config import DecoderConfig, StoreConfig, from_dict
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.types import ACTION_DIM
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _topic_ok(name: str) -> bool:
+    return bool(name) and not any(c.isspace() for c in name) and "//" not in name
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Settings of the policy node itself (everything that is not the decoder or the database)."""
+
+    image_topics: tuple[str, ...] = ("agentview/image_raw", "wrist/image_raw")
+    """One image topic per view, in the order of decoder.views."""
+    compressed_images: bool = False
+    """Subscribe to sensor_msgs/CompressedImage (jpeg/png) instead of sensor_msgs/Image."""
+    pose_topic: str = "ee_pose"
+    """geometry_msgs/PoseStamped end-effector pose in the robot base frame."""
+    instruction_topic: str = "instruction"
+    """std_msgs/String task instruction (latched: reliable, transient-local); a change resets the episode."""
+    episode_result_topic: str = "episode_result"
+    """std_msgs/Bool episode outcome (true = success), feedback for the verify-skip thresholds."""
+    command_topic: str = "arm_command"
+    """heisd_ros/ArmCommand output."""
+    stats_topic: str = "decode_stats"
+    """heisd_ros/DecodeStats output, one per decoded step."""
+    twist_topic: str = "cmd_twist"
+    """geometry_msgs/TwistStamped output (only with publish_twist)."""
+    gripper_topic: str = "gripper_command"
+    """std_msgs/Float64 gripper output, -1 open / +1 close (only with publish_twist)."""
+    command_frame_id: str = "base_link"
+    """frame_id written into the headers of the outputs."""
+    control_rate_hz: float = 10.0
+    """Rate of the control timer; each tick decodes the newest synchronised inputs."""
+    image_staleness_s: float = 0.5
+    """Images older than this (node clock minus header stamp) are never acted on."""
+    pose_staleness_s: float = 0.5
+    """A pose older than this is never acted on."""
+    sync_slop_s: float = 0.05
+    """Largest stamp spread between the views of one synchronised set."""
+    expected_image_height: int = 0
+    """Reject frames of another height (0 = accept any)."""
+    expected_image_width: int = 0
+    """Reject frames of another width (0 = accept any)."""
+    max_abs_action: tuple[float, ...] = (1.0,) * ACTION_DIM
+    """Per-dimension clip of the action (dX, dY, dZ, drX, drY, drZ, gripper), policy units."""
+    dry_run: bool = False
+    """Decode and publish DecodeStats/diagnostics but no ArmCommand/Twist/gripper."""
+    publish_twist: bool = False
+    """Also publish TwistStamped + gripper Float64 (servo-style stacks such as MoveIt Servo)."""
+    twist_linear_scale: float = 1.0
+    """TwistStamped.linear = delta_position * this (e.g. control_rate_hz for metres/step -> m/s)."""
+    twist_angular_scale: float = 1.0
+    """TwistStamped.angular = delta_rotation * this."""
+    model_dir: str = ""
+    """VLA checkpoint directory (offline); 'tiny' builds the random test model and an in-memory database."""
+    drafter_dir: str = ""
+    """Drafter head directory ('' = none; drafter-based methods then fail at start-up)."""
+    db_path: str = ""
+    """Embedded demonstration database directory ('' = none, or store.path / store.url)."""
+    calibration_path: str = ""
+    """Calibration file (fused metric statistics, tau, verify-skip thresholds); '' = defaults."""
+    task: str = ""
+    """Database partition key; '' = use the instruction text."""
+    quat_norm_tol: float = 0.05
+    """A pose whose quaternion norm differs from 1 by more than this is rejected."""
+    diagnostics_period_s: float = 1.0
+    """Period of the DiagnosticArray on /diagnostics."""
+    warn_throttle_s: float = 2.0
+    """The same kind of warning is logged at most once per this period."""
+
+    def __post_init__(self) -> None:
+        _require(len(self.image_topics) >= 1, "image_topics needs one topic per view")
+        _require(len(set(self.image_topics)) == len(self.image_topics), "image_topics must be unique")
+        topics = self.image_topics + (self.pose_topic, self.instruction_topic, self.episode_result_topic,
+                                      self.command_topic, self.stats_topic, self.twist_topic,
+                                      self.gripper_topic)  # fmt: skip
+        for t in topics:
+            _require(_topic_ok(t), f"invalid topic name {t!r}")
+        _require(math.isfinite(self.control_rate_hz) and 0.0 < self.control_rate_hz <= 1000.0,
+                 f"control_rate_hz must be in (0, 1000], got {self.control_rate_hz}")  # fmt: skip
+        for name in ("image_staleness_s", "pose_staleness_s", "diagnostics_period_s"):
+            v = getattr(self, name)
+            _require(math.isfinite(v) and v > 0.0, f"{name} must be finite and > 0, got {v}")
+        _require(math.isfinite(self.sync_slop_s) and self.sync_slop_s >= 0.0,
+                 f"sync_slop_s must be finite and >= 0, got {self.sync_slop_s}")  # fmt: skip
+        _require(self.sync_slop_s <= self.image_staleness_s, "sync_slop_s must not exceed image_staleness_s")
+        _require(self.expected_image_height >= 0 and self.expected_image_width >= 0,
+                 "expected image size must be >= 0 (0 = any)")  # fmt: skip
+        _require((self.expected_image_height == 0) == (self.expected_image_width == 0),
+                 "set both expected_image_height and expected_image_width, or neither")  # fmt: skip
+        _require(len(self.max_abs_action) == ACTION_DIM,
+                 f"max_abs_action needs {ACTION_DIM} values, got {len(self.max_abs_action)}")  # fmt: skip
+        _require(all(math.isfinite(v) and v > 0 for v in self.max_abs_action),
+                 f"max_abs_action values must be finite and > 0, got {list(self.max_abs_action)}")  # fmt: skip
+        _require(math.isfinite(self.twist_linear_scale) and math.isfinite(self.twist_angular_scale),
+                 "twist scales must be finite")  # fmt: skip
+        _require(bool(self.model_dir), "model_dir is required ('tiny' builds the random test model)")
+        _require(0.0 < self.quat_norm_tol < 1.0, "quat_norm_tol must be in (0, 1)")
+        _require(math.isfinite(self.warn_throttle_s) and self.warn_throttle_s >= 0, "warn_throttle_s must be >= 0")
+
+    @property
+    def expected_hw(self) -> tuple[int, int] | None:
+        if self.expected_image_height == 0:
+            return None
+        return (self.expected_image_height, self.expected_image_width)
+
+    @property
+    def control_period_s(self) -> float:
+        return 1.0 / self.control_rate_hz
+
+
+NODE_DYNAMIC = frozenset({
+    "command_frame_id", "image_staleness_s", "pose_staleness_s", "sync_slop_s", "expected_image_height",
+    "expected_image_width", "max_abs_action", "dry_run", "twist_linear_scale", "twist_angular_scale",
+    "quat_norm_tol", "warn_throttle_s",
+})  # fmt: skip
+"""Node parameters that may change at run time; every other parameter is read-only."""
+
+GROUPS: tuple[tuple[str, type], ...] = (("", NodeConfig), ("decoder.", DecoderConfig), ("store.", StoreConfig))
+
+
+@dataclass(frozen=True)
+class PolicyNodeConfig:
+    """Everything the node is configured with, validated as a whole."""
+
+    node: NodeConfig
+    decoder: DecoderConfig
+    store_fields: Mapping[str, Any]
+    """The store.* parameters as given; see `store`."""
+
+    def __post_init__(self) -> None:
+        _require(len(self.node.image_topics) == len(self.decoder.views),
+                 f"image_topics has {len(self.node.image_topics)} entries but decoder.views has "
+                 f"{len(self.decoder.views)} {list(self.decoder.views)}: one topic per view")  # fmt: skip
+        self.store  # validates the store parameters too
+
+    @property
+    def store(self) -> StoreConfig | None:
+        """The database config, or None when no database is configured.
+
+        `store.path` falls back to the node's `db_path`; with neither (and no `store.url`) the
+        node runs without an external database (the tiny model brings its own in memory).
+        """
+        fields = dict(self.store_fields)
+        if not fields.get("path"):
+            fields["path"] = self.node.db_path
+        if not fields.get("path") and not fields.get("url"):
+            return None
+        return from_dict(StoreConfig, fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# parameter specs generated from the dataclasses
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    """Full parameter name, e.g. 'decoder.acceptance.max_token_bias_bins'."""
+    path: tuple[str, ...]
+    """Field path inside the group's dataclass."""
+    group: str
+    default: Any
+    kind: str
+    """'bool', 'int', 'float', 'str', 'str_array', 'float_array' or 'int_array'."""
+    description: str
+    read_only: bool
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) of a dataclass."""
+    try:
+        tree = ast.parse(inspect.getsource(cls).lstrip())
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:]):
+        if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):  # fmt: skip
+            docs[prev.target.id] = " ".join(node.value.value.split())
+    return docs
+
+
+FALLBACK_DOCS: dict[str, str] = {
+    "decoder.method": "Decoding method: ar, drafter, specvla, retrieval or heisd (DESIGN 2).",
+    "decoder.device": "Torch device of the model, e.g. cpu or cuda:0.",
+    "decoder.dtype": "Model dtype: float32, bfloat16 or float16.",
+    "decoder.fused_metric.window_steps": "Trajectory window w of end-effector positions for R and D.",
+    "decoder.fused_metric.alpha": "Weight of Norm(R) in F (1 - alpha weighs Norm(D)).",
+    "decoder.fused_metric.r_min_m": "Lower end of the min-max normalisation of R, metres.",
+    "decoder.fused_metric.d_min_m": "Lower end of the min-max normalisation of D, metres.",
+    "decoder.verify_skip.enabled": "Allow verify-skip of retrieval hits (heisd method).",
+    "decoder.verify_skip.min_similarity_bounds": "Clamp [lo, hi] of min_similarity under episode feedback.",
+    "decoder.verify_skip.max_distance_bounds_m": "Clamp [lo, hi] of max_distance_m under episode feedback, metres.",
+    "store.collection": "Qdrant collection (one per embodiment/dataset).",
+    "store.hnsw_m": "HNSW graph degree m.",
+    "store.hnsw_ef_construct": "HNSW ef_construct.",
+}
+"""Descriptions for config fields that carry no docstring (the docstring wins when there is one)."""
+
+
+def _kind(hint: Any) -> str:
+    if hint is bool:
+        return "bool"
+    if hint is int:
+        return "int"
+    if hint is float:
+        return "float"
+    if hint is str:
+        return "str"
+    if typing.get_origin(hint) is tuple:
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        elem = {str: "str", float: "float", int: "int"}.get(args[0] if args else None)
+        if elem and all(a is args[0] for a in args):
+            return f"{elem}_array"
+    raise ConfigError(f"no ROS parameter type for {hint!r}")
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    raise ConfigError(f"field {f.name} has no default")
+
+
+def _specs(cls: type, prefix: str, path: tuple[str, ...], group: str) -> Iterable[ParamSpec]:
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            yield from _specs(hint, f"{prefix}{f.name}.", path + (f.name,), group)
+            continue
+        name = f"{prefix}{f.name}"
+        read_only = not (group == "" and f.name in NODE_DYNAMIC)
+        desc = docs.get(f.name) or FALLBACK_DOCS.get(name) or f.name.replace("_", " ")
+        yield ParamSpec(name, path + (f.name,), group, _field_default(f), _kind(hint),
+                        f"{desc} [{cls.__name__}.{f.name}]", read_only)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def param_specs() -> tuple[ParamSpec, ...]:
+    """All node parameters, in declaration order."""
+    return tuple(s for prefix, cls in GROUPS for s in _specs(cls, prefix, (), prefix))
+
+
+# ---------------------------------------------------------------------------------------------
+# values <-> configs
+
+
+def _coerce(spec: ParamSpec, value: Any) -> Any:
+    """A ROS parameter value as the dataclass field expects it (arrays become tuples)."""
+    if spec.kind.endswith("_array"):
+        return tuple(value)
+    return value
+
+
+def build_config(values: Mapping[str, Any]) -> PolicyNodeConfig:
+    """Full parameter name -> value (missing names take their defaults) -> validated config.
+
+    Raises ConfigError naming the offending parameter group.
+    """
+    unknown = sorted(set(values) - {s.name for s in param_specs()})
+    if unknown:
+        raise ConfigError(f"unknown parameters {unknown}")
+    trees: dict[str, dict[str, Any]] = {prefix: {} for prefix, _ in GROUPS}
+    for spec in param_specs():
+        value = values.get(spec.name, spec.default)
+        node = trees[spec.group]
+        for key in spec.path[:-1]:
+            node = node.setdefault(key, {})
+        node[spec.path[-1]] = _coerce(spec, value)
+    node_cfg = from_dict(NodeConfig, trees[""])
+    decoder = from_dict(DecoderConfig, trees["decoder."])
+    return PolicyNodeConfig(node_cfg, decoder, trees["store."])
+
+
+def config_to_values(cfg: PolicyNodeConfig) -> dict[str, Any]:
+    """Inverse of `build_config` (for writing parameter files and for tests)."""
+    objs = {"": cfg.node, "decoder.": cfg.decoder}
+    out: dict[str, Any] = {}
+    for spec in param_specs():
+        if spec.group == "store.":
+            out[spec.name] = cfg.store_fields.get(spec.path[-1], spec.default)
+            continue
+        obj: Any = objs[spec.group]
+        for key in spec.path:
+            obj = getattr(obj, key)
+        out[spec.name] = list(obj) if isinstance(obj, tuple) else obj
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# rclpy glue (imported lazily so the specs above are usable without ROS)
+
+
+def declare_all(node: Any) -> dict[str, Any]:
+    """Declare every parameter on `node` with a descriptor; returns name -> effective value.
+
+    Raises ConfigError when an override has the wrong type (e.g. an integer for a double).
+    """
+    from rcl_interfaces.msg import ParameterDescriptor
+    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
+    from rclpy.parameter import Parameter
+
+    types = {"bool": Parameter.Type.BOOL, "int": Parameter.Type.INTEGER, "float": Parameter.Type.DOUBLE,
+             "str": Parameter.Type.STRING, "str_array": Parameter.Type.STRING_ARRAY,
+             "float_array": Parameter.Type.DOUBLE_ARRAY, "int_array": Parameter.Type.INTEGER_ARRAY}  # fmt: skip
+    values: dict[str, Any] = {}
+    for spec in param_specs():
+        ptype = types[spec.kind]
+        desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only, type=ptype.value)
+        default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+        try:
+            param = node.declare_parameter(spec.name, default if default != [] else ptype, desc)
+        except InvalidParameterTypeException as err:
+            raise ConfigError(f"parameter {spec.name!r} must be of type {spec.kind}: {err}") from err
+        except InvalidParameterValueException as err:
+            raise ConfigError(f"parameter {spec.name!r} rejected: {err}") from err
+        value = param.value
+        values[spec.name] = spec.default if value is None else value
+    return values
+
+
+def validate_update(current: Mapping[str, Any], changes: Mapping[str, Any]) -> tuple[PolicyNodeConfig | None, str]:
+    """Check a parameter update against the whole config: (new config, '') or (None, reason)."""
+    ours = {s.name for s in param_specs()}
+    merged = dict(current)
+    # Parameters that are not ours (use_sim_time, qos overrides) are left to rclpy.
+    merged.update({k: v for k, v in changes.items() if k in ours})
+    try:
+        return build_config(merged), ""
+    except ConfigError as err:
+        return None, str(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# parameter file
+
+
+def _yaml_scalar(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = f"{value:.10g}"
+        if "e" in text and "." not in text.split("e")[0]:
+            text = text.replace("e", ".0e", 1)
+        elif "e" not in text and "." not in text and "n" not in text:
+            text += ".0"
+        return text
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def params_yaml(values: Mapping[str, Any] | None = None, node_name: str = "/**") -> str:
+    """A ROS 2 parameter file with every parameter, nested by group, each documented by a comment.
+
+    `python -m heisd_ros.ros.params [NAME:=VALUE ...]` prints it (config/policy.yaml was made so).
+    """
+    values = dict(values or {})
+    lines = [f"{node_name}:", "  ros__parameters:"]
+    opened: tuple[str, ...] = ()
+    for spec in param_specs():
+        parts = spec.name.split(".")
+        parents = tuple(parts[:-1])
+        common = 0
+        while common < min(len(opened), len(parents)) and opened[common] == parents[common]:
+            common += 1
+        for depth in range(common, len(parents)):
+            lines.append("")
+            lines.append("    " + "  " * depth + f"{parents[depth]}:")
+        opened = parents
+        indent = "    " + "  " * len(parents)
+        access = "read-only" if spec.read_only else "dynamic"
+        lines.append(f"{indent}# {spec.description.rsplit(' [', 1)[0]} ({spec.kind}, {access})")
+        lines.append(f"{indent}{parts[-1]}: {_yaml_scalar(values.get(spec.name, spec.default))}")
+    return "\n".join(lines) + "\n"
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import sys
+
+    pairs = sys.argv[1:] if argv is None else argv
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        name, _, text = pair.partition(":=")
+        import yaml
+
+        overrides[name] = yaml.safe_load(text)
+    build_config({**{s.name: s.default for s in param_specs()}, **overrides})
+    sys.stdout.write(params_yaml(overrides))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
