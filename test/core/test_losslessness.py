@@ -14,37 +14,14 @@ import pytest
 import torch
 
 from heisd_ros.core.acceptance import StrictRule, make_rule
-from heisd_ros.core.config import AcceptanceConfig, DecoderConfig, DrafterTreeConfig, StoreConfig, VerifySkipConfig
-from heisd_ros.core.drafter import DrafterSession, EagleDrafter
+from heisd_ros.core.config import AcceptanceConfig, DecoderConfig, DrafterTreeConfig, VerifySkipConfig
+from heisd_ros.core.drafter import DrafterSession
 from heisd_ros.core.engine import HybridDecoder, _StepDecode, embed_views
-from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
+from heisd_ros.core.tree import DraftTree, sequence_tree
 from heisd_ros.core.verifier import TargetSession
 from heisd_ros.sim.synthetic import random_observation as random_obs
 
 SEEDS = range(50)
-
-
-@pytest.fixture(scope="module")
-def ar(vla):
-    return HybridDecoder(vla, DecoderConfig(method="ar"))
-
-
-@pytest.fixture(scope="module")
-def drafter(vla):
-    torch.manual_seed(0)
-    return EagleDrafter(vla.language_model.config).eval()
-
-
-def ar_tokens(ar, obs) -> tuple[int, ...]:
-    ar.reset()
-    _, st = ar.step(obs)
-    assert st.llm_forwards == 7
-    return st.tokens
-
-
-def perturbed(tokens, rng: random.Random, first: int, p_keep: float) -> tuple[int, ...]:
-    """A draft: each token kept with probability p_keep, else moved by a few bins."""
-    return tuple(t if rng.random() < p_keep else min(max(t + rng.choice([-3, -1, 1, 2]), first), first + 255) for t in tokens)
 
 
 def new_decode(vla, obs, drafter=None) -> _StepDecode:
@@ -55,14 +32,14 @@ def new_decode(vla, obs, drafter=None) -> _StepDecode:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_fused_prefill_verify_over_topk_sequence_trees_is_lossless(vla, ar, seed):
+def test_fused_prefill_verify_over_topk_sequence_trees_is_lossless(vla, ar, helpers, seed):
     """Prefill + a Top-K sequence tree in one forward, strict acceptance, AR for the rest."""
     obs = random_obs(seed)
-    ref = ar_tokens(ar, obs)
+    ref = helpers.ar_tokens(ar, obs)
     rng = random.Random(seed)
     k = rng.randint(1, 6)
     first = vla.action_tokenizer.first_token_id
-    drafts = [perturbed(ref, rng, first, p_keep=rng.choice([0.5, 0.8, 1.0])) for _ in range(k)]
+    drafts = [helpers.perturbed(ref, rng, first, p_keep=rng.choice([0.5, 0.8, 1.0])) for _ in range(k)]
     tree = sequence_tree(drafts, max_nodes=rng.choice([7, 20, 128]))
     with torch.inference_mode():
         dec = new_decode(vla, obs)
@@ -86,14 +63,14 @@ def _contains_path(tree: DraftTree, tokens) -> bool:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_multi_round_tree_verification_and_cache_compaction_is_lossless(vla, ar, seed):
+def test_multi_round_tree_verification_and_cache_compaction_is_lossless(vla, ar, helpers, seed):
     """Several verify rounds over random trees that contain the greedy path at random depth.
 
     Each round accepts a random number of tokens, so the KV cache is compacted to paths that
     are not the first branch of the tree; a wrong compaction changes later tokens.
     """
     obs = random_obs(seed)
-    ref = ar_tokens(ar, obs)
+    ref = helpers.ar_tokens(ar, obs)
     rng = random.Random(1000 + seed)
     first = vla.action_tokenizer.first_token_id
     vocab = vla.action_tokenizer.vocab_size
@@ -118,46 +95,19 @@ def test_multi_round_tree_verification_and_cache_compaction_is_lossless(vla, ar,
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_drafter_speculative_decoding_is_lossless(vla, ar, drafter, seed):
+def test_drafter_speculative_decoding_is_lossless(vla, ar, drafter, helpers, seed):
     rng = random.Random(seed)
     tree_cfg = DrafterTreeConfig(depth=rng.randint(1, 6), top_k=rng.randint(1, 5), total_tokens=rng.choice([6, 12, 40]))
     cfg = DecoderConfig(method="drafter", drafter_tree=dataclasses.replace(tree_cfg, total_tokens=max(tree_cfg.total_tokens, tree_cfg.depth)))
     dec = HybridDecoder(vla, cfg, drafter=drafter)
     obs = random_obs(seed)
     _, st = dec.step(obs)
-    assert st.tokens == ar_tokens(ar, obs)
+    assert st.tokens == helpers.ar_tokens(ar, obs)
     assert 2 <= st.llm_forwards <= 7
     assert sum(st.tokens_per_forward) == 7
 
 
-@pytest.fixture(scope="module")
-def demo_store(vla, ar):
-    """A real Qdrant (qdrant-client local mode) holding the AR tokens of nearby observations."""
-    from heisd_ros.store.factory import make_store
-    from heisd_ros.store.schema import DemoPoint
-
-    dim = vla.vision_backbone.out_dim * 2
-    store = make_store(StoreConfig(backend="local"), obs_dim=dim, feat_dim=vla.hidden_size, create=True)
-    rng = random.Random(7)
-    first = vla.action_tokenizer.first_token_id
-    points = []
-    for seed in SEEDS:
-        obs = random_obs(seed)
-        ref = ar_tokens(ar, obs)
-        for k in range(3):  # one exact copy and two perturbed demos per observation
-            tokens = ref if k == 0 else perturbed(ref, rng, first, 0.7)
-            feat = np.random.default_rng(seed).normal(size=vla.hidden_size).astype(np.float32)
-            points.append(DemoPoint(
-                dataset="t", task=obs.instruction, instruction=obs.instruction, episode=seed * 3 + k, step=0,
-                obs=ar.last_query + 0.001 * k, feat=feat, feat_prev=feat, action=np.zeros(7), action_tokens=tokens,
-                ee_pos=obs.ee_pos, success=True,
-            ))
-    store.upsert(points)
-    yield store
-    store.close()
-
-
-def test_full_hybrid_decoder_with_skip_disabled_and_strict_acceptance_is_lossless(vla, ar, drafter, demo_store):
+def test_full_hybrid_decoder_with_skip_disabled_and_strict_acceptance_is_lossless(vla, ar, drafter, demo_store, helpers):
     """heisd with zero-bias sequence acceptance (= strict) and no skip, retrieval forced on."""
     strict = AcceptanceConfig(max_token_bias_bins=0, max_group_bias_bins=0)
     cfg = DecoderConfig(method="heisd", acceptance=strict, verify_skip=VerifySkipConfig(enabled=False),
@@ -166,7 +116,7 @@ def test_full_hybrid_decoder_with_skip_disabled_and_strict_acceptance_is_lossles
     modes = set()
     for seed in SEEDS:
         obs = random_obs(seed)
-        ref = ar_tokens(ar, obs)
+        ref = helpers.ar_tokens(ar, obs)
         dec.reset(obs.instruction)
         for p in range(3):  # 3 window points so the boundary can choose retrieval
             obs.ee_pos = np.array([0.1 * p, 0.0, 0.0])
@@ -176,14 +126,14 @@ def test_full_hybrid_decoder_with_skip_disabled_and_strict_acceptance_is_lossles
     assert modes == {"drafter", "retrieval"}
 
 
-def test_retrieval_baseline_is_lossless(vla, ar, demo_store):
+def test_retrieval_baseline_is_lossless(vla, ar, demo_store, helpers):
     dec = HybridDecoder(vla, DecoderConfig(method="retrieval"), store=demo_store)
     fully = 0
     for seed in SEEDS:
         obs = random_obs(seed)
         _, st = dec.step(obs)
         assert st.mode == "retrieval"
-        assert st.tokens == ar_tokens(ar, obs)
+        assert st.tokens == helpers.ar_tokens(ar, obs)
         fully += st.llm_forwards == 1
     assert fully > 0  # exact demos exist, so some steps are one fused forward
 

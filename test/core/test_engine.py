@@ -1,0 +1,167 @@
+"""HybridDecoder: forward accounting, verify-skip bound, bad input and database faults."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from heisd_ros.core.config import ConfigError, DecoderConfig, FusedMetricConfig, VerifySkipConfig
+from heisd_ros.core.engine import HybridDecoder
+from heisd_ros.core.errors import DatabaseUnavailableError, EmptyDatabaseError, InvalidObservationError, UnknownTaskError
+from heisd_ros.core.types import Observation
+
+ALWAYS_RETRIEVE = FusedMetricConfig(tau=-1.0)
+
+
+def _heisd(vla, drafter, store, **kw) -> HybridDecoder:
+    cfg = DecoderConfig(method="heisd", fused_metric=ALWAYS_RETRIEVE, **kw)
+    return HybridDecoder(vla, cfg, store=store, drafter=drafter)
+
+
+def test_ar_is_seven_forwards(ar, helpers):
+    _, st = ar.step(helpers.random_obs(1))
+    assert st.llm_forwards == 7 and st.tokens_per_forward == [1] * 7 and st.mode == "ar"
+    assert st.accept_length == 1.0
+
+
+def test_fully_accepted_retrieval_step_is_one_forward(vla, demo_store, helpers):
+    dec = HybridDecoder(vla, DecoderConfig(method="retrieval"), store=demo_store)
+    _, st = dec.step(helpers.random_obs(3))  # the database holds this observation's exact AR tokens
+    assert st.mode == "retrieval" and st.llm_forwards == 1 and st.tokens_per_forward == [7]
+    assert st.retrieval_score > 0.99
+
+
+def test_skipped_steps_cost_zero_forwards_and_respect_the_bound(vla, drafter, demo_store, helpers):
+    skip = VerifySkipConfig(min_similarity=-1.0, min_similarity_bounds=(-1.0, 1.0), max_distance_m=0.2,
+                            max_consecutive_skips=2)
+    dec = _heisd(vla, drafter, demo_store, verify_skip=skip)
+    obs = helpers.random_obs(3)
+    dec.reset(obs.instruction)
+    stats = []
+    for i in range(9):
+        obs.ee_pos = np.array([0.0, 0.0, 0.001 * i]) + helpers.random_obs(3).ee_pos
+        stats.append(dec.step(obs)[1])
+    modes = [s.mode for s in stats]
+    skips = [s for s in stats if s.skipped]
+    assert skips and all(s.llm_forwards == 0 and s.accept_length == 7 for s in skips)
+    run = 0
+    for m in modes:  # never more than max_consecutive_skips in a row
+        run = run + 1 if m == "skip" else 0
+        assert run <= 2
+    assert modes[0] != "skip"  # no live feature before the first verified step
+
+
+def test_heisd_unknown_task_raises_or_falls_back(vla, drafter, demo_store, helpers):
+    obs = helpers.random_obs(2, instruction="fly to the moon")
+    with pytest.raises(UnknownTaskError, match="fly to the moon"):
+        dec = _heisd(vla, drafter, demo_store)
+        for _ in range(3):
+            dec.step(obs)
+    dec = _heisd(vla, drafter, demo_store, unknown_task="drafter")
+    for _ in range(3):
+        _, st = dec.step(obs)
+    assert st.mode == "drafter" and "not in database" in st.fallback
+
+
+class _UnreachableStore:
+    """A store whose server went away: what qdrant-client raises is mapped to this error."""
+
+    def has_task(self, task):
+        raise DatabaseUnavailableError("qdrant at http://127.0.0.1:1 unreachable")
+
+    def health(self):
+        return False, "unreachable"
+
+
+def test_database_fault_falls_back_to_drafter_mode(vla, drafter, helpers):
+    dec = _heisd(vla, drafter, _UnreachableStore())
+    for _ in range(3):
+        _, st = dec.step(helpers.random_obs(4))
+    assert st.mode == "drafter" and st.fallback.startswith("database fault")
+    assert dec.health() == (False, "unreachable")
+
+
+def test_database_unreachable_through_the_real_client_falls_back(vla, drafter, helpers):
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.policy import PolicyPaths, open_store
+
+    with pytest.raises(DatabaseUnavailableError):
+        open_store(DecoderConfig(), PolicyPaths("tiny"), StoreConfig(backend="remote", url="http://127.0.0.1:1", timeout_s=0.3))
+
+
+def test_empty_database_is_a_clear_error(vla, tmp_path):
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.policy import PolicyPaths, open_store
+    from heisd_ros.store.factory import make_store
+
+    store = make_store(StoreConfig(backend="edge", path=str(tmp_path / "db")), obs_dim=128, feat_dim=128, create=True)
+    store.close()
+    with pytest.raises(EmptyDatabaseError, match="empty"):
+        open_store(DecoderConfig(), PolicyPaths("x", db_path=str(tmp_path / "db")), None)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda o: o.images.update(agentview=np.zeros((64, 64), np.uint8)), "uint8 \\[H, W, 3\\]"),
+        (lambda o: o.images.update(agentview=np.zeros((64, 64, 3), np.float32)), "uint8"),
+        (lambda o: o.images.pop("wrist"), "missing view"),
+        (lambda o: setattr(o, "ee_pos", np.array([0.0, np.nan, 0.0])), "finite"),
+        (lambda o: setattr(o, "ee_pos", np.array([0.0, 0.0])), "3 finite"),
+        (lambda o: setattr(o, "instruction", "  "), "instruction"),
+    ],
+)
+def test_bad_observations_raise_clear_errors(ar, helpers, mutate, message):
+    obs = helpers.random_obs(5)
+    mutate(obs)
+    with pytest.raises(InvalidObservationError, match=message):
+        ar.step(obs)
+
+
+def test_bad_observation_leaves_decoder_usable(ar, helpers):
+    bad = helpers.random_obs(6)
+    bad.ee_pos = np.array([np.inf, 0, 0])
+    with pytest.raises(InvalidObservationError):
+        ar.step(bad)
+    _, st = ar.step(helpers.random_obs(6))
+    assert len(st.tokens) == 7
+
+
+def test_methods_need_their_parts(vla):
+    with pytest.raises(ConfigError, match="drafter"):
+        HybridDecoder(vla, DecoderConfig(method="drafter"))
+    with pytest.raises(ConfigError, match="database"):
+        HybridDecoder(vla, DecoderConfig(method="retrieval"))
+    with pytest.raises(ConfigError):
+        DecoderConfig(method="beam")
+
+
+def test_instruction_change_resets_the_window(ar, helpers):
+    obs = helpers.random_obs(7)
+    ar.reset()
+    for _ in range(4):
+        ar.step(obs)
+    assert len(ar.metric) == 4
+    other = dataclasses.replace(obs, instruction="open the drawer")
+    ar.step(other)
+    assert len(ar.metric) == 1
+
+
+def test_core_imports_no_ros():
+    code = "import sys, heisd_ros.core.engine, heisd_ros.policy; assert 'rclpy' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_step_returns_finite_unnormalised_action(ar, helpers):
+    action, st = ar.step(helpers.random_obs(8))
+    assert action.shape == (7,) and np.all(np.isfinite(action)) and action[6] in (-1.0, 1.0)
+    assert set(st.latency_ms) >= {"vision", "verify", "total"}
+
+
+def test_observation_type(helpers):
+    assert isinstance(helpers.random_obs(0), Observation)
