@@ -11,7 +11,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -30,13 +30,20 @@ def passes_sequence_rule(draft_tokens: Sequence[int], target_tokens: Sequence[in
     return all(rule.accepts(d[a:b], t[a:b], a)[0] for a, b in ((0, 3), (3, 6), (6, 7)))
 
 
-def calibrate(points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, max_points: int = 4000, seed: int = 0) -> dict:
+def calibrate(
+    points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, max_points: int = 4000, seed: int = 0,
+    live_prev: dict | None = None,
+) -> dict:
     """Calibration dict from demonstration points (heisd_ros.store.schema.DemoPoint).
 
     - Norm(R), Norm(D) statistics from the episodes' end-effector trajectories.
     - tau: the F threshold that best separates steps whose best other-episode retrieval draft
       passes the sequence-relaxed check from those that do not (leave-one-episode-out).
-    - min_S / O_dist from (feat_i, feat_prev_j) similarity, distance and pass over neighbour pairs.
+    - min_S / O_dist from S_ij = cos(feat_i, feat_j), d_ij = |p_i - p_j| and whether j's tokens pass
+      the sequence-relaxed check against i's, over Top-K neighbour pairs (DESIGN §6 offline stage).
+      live_prev: optional {(task, episode, step): the VLA's own live feature at the previous step}.
+      When given, S_ij = cos(live_prev_i, feat_prev_j), exactly what the online rule compares
+      (the live feature comes from the model's own tokens, the stored one from the demo's).
     """
     rng = np.random.default_rng(seed)
     rule = SequenceRelaxedRule()
@@ -63,14 +70,12 @@ def calibrate(points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, m
     by_task: dict[str, list] = {}
     for eps in episodes.values():
         by_task.setdefault(eps[0].task, []).extend(eps)
-    sims, dists, passed, f_vals, f_pass = [], [], [], [], []
+    sims, dists, passed, pair_f, f_vals, f_pass = [], [], [], [], [], []
     for task, members in by_task.items():
         obs = np.stack([m.obs for m in members])
         obs = obs / np.linalg.norm(obs, axis=1, keepdims=True)
         feats = np.stack([m.feat for m in members])
         feats = feats / np.linalg.norm(feats, axis=1, keepdims=True)
-        prevs = np.stack([m.feat_prev for m in members])
-        prevs = prevs / np.linalg.norm(prevs, axis=1, keepdims=True)
         eps_ids = np.array([m.episode for m in members])
         index = {id(m): k for k, m in enumerate(members)}
         for p in all_points:
@@ -86,14 +91,24 @@ def calibrate(points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, m
                     continue
                 ok = passes_sequence_rule(members[j].action_tokens, p.action_tokens, rule)
                 ok_any |= ok
-                sims.append(float(feats[i] @ prevs[j]))
+                if live_prev is not None and (p.task, p.episode, p.step) in live_prev:
+                    lv = live_prev[(p.task, p.episode, p.step)]
+                    pj = members[j].feat_prev
+                    sims.append(float(lv @ pj / (np.linalg.norm(lv) * np.linalg.norm(pj) + 1e-12)))
+                else:
+                    sims.append(float(feats[i] @ feats[j]))
                 dists.append(float(np.linalg.norm(p.ee_pos - members[j].ee_pos)))
                 passed.append(ok)
+                pair_f.append(f_of.get(id(p), -np.inf))
             if id(p) in f_of:
                 f_vals.append(f_of[id(p)])
                 f_pass.append(ok_any)
     tau = _best_threshold(np.array(f_vals), np.array(f_pass, dtype=bool), default=fused.tau)
-    skip = calibrate_thresholds(np.array(sims), np.array(dists), np.array(passed, dtype=bool))
+    # Verify-skip is only ever considered in retrieval mode, so its thresholds are calibrated on
+    # the pairs the boundary would send there (F_i >= tau).
+    in_retrieval = np.array(pair_f) >= tau
+    skip = calibrate_thresholds(np.array(sims)[in_retrieval], np.array(dists)[in_retrieval],
+                                np.array(passed, dtype=bool)[in_retrieval])
     return {
         "fused_metric": {**norm, "tau": tau},
         "verify_skip": {
@@ -102,6 +117,8 @@ def calibrate(points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, m
             "max_distance_m": float(min(skip.max_distance_m, 0.2)),
         },
         "meta": {"n_points": len(points), "n_pairs": len(sims), "pass_rate": float(np.mean(passed)) if passed else 0.0,
+                 "n_pairs_in_retrieval_mode": int(in_retrieval.sum()),
+                 "pass_rate_in_retrieval_mode": float(np.mean(np.array(passed)[in_retrieval])) if in_retrieval.any() else 0.0,
                  "retrieval_pass_rate_by_f": {"f": [float(x) for x in f_vals[:2000]], "passed": [bool(x) for x in f_pass[:2000]]},
                  "skip_curve": skip.curve.to_dict()},
     }

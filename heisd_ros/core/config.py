@@ -67,8 +67,10 @@ class RetrievalConfig:
 
     top_k: int = 5
     """Hits fetched per query (Top-K)."""
-    max_tree_nodes: int = 128
-    """Cap on sequence-tree nodes fused into the prefill forward (bounds its cost)."""
+    max_tree_nodes: int = 32
+    """Cap on sequence-tree nodes fused into the prefill forward. Measured on the tiny CPU model
+    (33-token prompt): prefill alone 4.3 ms, +20 nodes 5.8 ms, +50 nodes 8.8 ms; whole branches
+    are added best hit first, so the cap drops the least likely recombinations."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.top_k <= 64, "retrieval top_k must be in [1, 64]")

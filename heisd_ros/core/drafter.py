@@ -19,7 +19,7 @@ from torch import nn
 from heisd_ros.core.config import DrafterTreeConfig
 from heisd_ros.core.errors import ModelLoadError
 from heisd_ros.core.tree import DraftTree
-from heisd_ros.core.verifier import build_attention, compact_cache
+from heisd_ros.core.verifier import build_attention, compact_cache, llama_forward
 
 
 class EagleDrafter(nn.Module):
@@ -44,9 +44,10 @@ class EagleDrafter(nn.Module):
     def forward(self, features, token_embeds, attention_mask=None, position_ids=None, cache=None):
         """Predicted next features [1, T, D] (training: causal over a whole sequence)."""
         x = self.fuse(features, token_embeds)
-        out = self.block(inputs_embeds=x[None] if x.dim() == 2 else x, attention_mask=attention_mask,
-                         position_ids=position_ids, cache=cache, use_cache=cache is not None)
-        return out.last_hidden_state
+        x = x[None] if x.dim() == 2 else x
+        if cache is not None:  # decoding: our own 4-D mask, lean forward
+            return llama_forward(self.block, x, attention_mask, position_ids, cache)
+        return self.block(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
 
     def save(self, directory: str | Path) -> None:
         from safetensors.torch import save_file

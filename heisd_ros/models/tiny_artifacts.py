@@ -25,16 +25,18 @@ from heisd_ros.models.training import Example, teacher_forced, train_drafter, tr
 from heisd_ros.sim import synthetic
 
 log = logging.getLogger(__name__)
-VERSION = 1
-DEFAULTS = dict(seed=0, n_episodes=8, n_steps=40, vla_steps=400, drafter_steps=400)
+VERSION = 2
+DEFAULTS = dict(seed=0, n_episodes=8, n_steps=40, vla_steps=800, drafter_steps=400)
 
 
 def synthetic_actions(traj: np.ndarray) -> np.ndarray:
-    """Raw 7-D actions for a trajectory [T, 3]: scaled deltas, a slow wrist twist, the gripper."""
+    """Raw 7-D actions for a trajectory [T, 3]: scaled deltas, a wrist twist that is a smooth
+    function of the position (so nearby states of different episodes agree), the gripper."""
     delta = np.diff(traj, axis=0, append=traj[-1:]) / 0.02
     t = np.arange(len(traj))
-    rot = 0.3 * np.stack([np.sin(t / 6.0), np.cos(t / 9.0), np.sin(t / 4.0 + 1.0)], axis=1)
-    grip = np.where(t < int(len(traj) * 0.6), -1.0, 1.0)[:, None]
+    x, y, z = traj.T
+    rot = 0.3 * np.stack([np.sin(8 * x), np.cos(8 * y), np.sin(6 * z + 1.0)], axis=1)
+    grip = np.where(t < int(len(traj) * 0.7), -1.0, 1.0)[:, None]
     return np.concatenate([delta, rot, grip], axis=1)
 
 
@@ -77,7 +79,8 @@ def build_tiny_artifacts(out_dir: str | Path, progress: Callable[[str], None] | 
     say("tiny: building the demonstration database")
     points = _demo_points(vla, by_episode, actions, stats)
     _write_db(points, out / "db")
-    save_calibration(calibrate(points, FusedMetricConfig()), out / "calibration.json")
+    live_prev = _live_features(vla, by_episode)
+    save_calibration(calibrate(points, FusedMetricConfig(), live_prev=live_prev), out / "calibration.json")
     manifest.write_text(json.dumps({"params": {**params, "version": VERSION}, "seconds": time.perf_counter() - t0}))
     return out
 
@@ -102,6 +105,24 @@ def _demo_points(vla, by_episode, actions, stats) -> list:
                     action_tokens=tuple(int(t) for t in tokens[i]), ee_pos=s.ee_pos, next_actions=nxt, success=True,
                 ))
     return points
+
+
+def _live_features(vla, by_episode) -> dict:
+    """{(task, episode, step): the VLA's own live feature at the previous step} (AR decoding)."""
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.core.types import Observation
+
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    out = {}
+    for (instruction, episode), eps in by_episode.items():
+        prev = None
+        for s in eps:
+            if prev is not None:
+                out[(instruction, episode, s.step)] = prev
+            ar.step(Observation(s.images, instruction, s.ee_pos))
+            prev = ar.f_live
+    return out
 
 
 def _write_db(points: list, path: Path) -> None:

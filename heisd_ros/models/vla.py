@@ -21,7 +21,7 @@ from torch import nn
 
 from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats, select_stats
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
-from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE, HashWordTokenizer, HFTokenizer, TextTokenizer
+from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE, HFTokenizer, TextTokenizer
 
 
 @dataclass(frozen=True)

@@ -25,17 +25,17 @@ class SyntheticStep:
 
 
 def trajectory(rng: np.random.Generator, n_steps: int, task_index: int = 0) -> np.ndarray:
-    """[n_steps, 3] metres: straight fast approach (60%), then a slow 90-degree arc.
+    """[n_steps, 3] metres: straight fast transport (70%), then a slow 90-degree arc (fine approach).
 
-    Start and goal are fixed per task up to a few centimetres of noise, as in a demonstration set
+    Start and goal are fixed per task up to a few millimetres of noise, as in a demonstration set
     where the same task is shown from slightly different initial states.
     """
-    n_line = int(n_steps * 0.6)
+    n_line = int(n_steps * 0.7)
     task_rng = np.random.default_rng(1000 + task_index)
-    start = task_rng.uniform([-0.2, -0.2, 0.25], [0.2, 0.2, 0.35]) + rng.normal(0, 0.02, 3)
-    goal = task_rng.uniform([-0.1, -0.1, 0.08], [0.1, 0.1, 0.12]) + rng.normal(0, 0.01, 3)
+    start = task_rng.uniform([-0.2, -0.2, 0.25], [0.2, 0.2, 0.35]) + rng.normal(0, 0.004, 3)
+    goal = task_rng.uniform([-0.1, -0.1, 0.08], [0.1, 0.1, 0.12]) + rng.normal(0, 0.002, 3)
     line = start + np.linspace(0, 1, n_line)[:, None] * (goal - start)
-    radius = 0.045 + rng.normal(0, 0.003)
+    radius = 0.045 + rng.normal(0, 0.001)
     phase = np.linspace(0, np.pi / 2, n_steps - n_line + 1)[1:]
     arc = goal + radius * np.stack([np.sin(phase), 1 - np.cos(phase), -0.2 * phase], axis=1)
     return np.concatenate([line, arc])
