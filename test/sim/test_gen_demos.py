@@ -1,0 +1,52 @@
+"""`heisd gen-demos` argument handling that needs no simulator: ranges, reserved init states, seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.tools import gen_demos
+from heisd_ros.tools.gen_demos import GenDemosConfig, Summary, episode_seed, parse_range
+
+
+def test_parse_range() -> None:
+    assert parse_range("0-3") == (0, 1, 2, 3)
+    assert parse_range("0,3,5-6,3") == (0, 3, 5, 6)
+    with pytest.raises(ConfigError):
+        parse_range("a-b")
+
+
+@pytest.mark.parametrize("states", ["0-40", "45", "39,49"])
+def test_evaluation_init_states_are_refused(states: str) -> None:
+    with pytest.raises(ConfigError, match="reserved for evaluation"):
+        gen_demos.main(["--init-states", states, "--out", "/nonexistent/never-written"])
+
+
+def test_config_validation() -> None:
+    GenDemosConfig(init_states=tuple(range(40)))
+    with pytest.raises(ConfigError):
+        GenDemosConfig(tasks=())
+    with pytest.raises(ConfigError):
+        GenDemosConfig(max_steps=5)
+
+
+def test_episode_seeds_are_fixed_and_distinct() -> None:
+    seeds = {episode_seed(0, t, k, v) for t in range(3) for k in range(5) for v in range(2)}
+    assert len(seeds) == 30
+    assert episode_seed(0, 1, 2, 0) == episode_seed(0, 1, 2, 0) != episode_seed(1, 1, 2, 0)
+
+
+def test_summary_counts_and_resume(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    s = Summary(path, GenDemosConfig())
+    info = {"task_name": "t", "instruction": "i"}
+    s.add(0, info, {"init_state": 0, "variant": 0, "success": True, "length": 100, "seconds": 2.0})
+    s.add(0, info, {"init_state": 1, "variant": 0, "success": False, "length": 300, "seconds": 4.0})
+    data = json.loads(path.read_text())
+    task = data["tasks"]["0"]
+    assert (task["attempts"], task["successes"], task["mean_length"], task["mean_seconds"]) == (2, 1, 100.0, 3.0)
+    assert data["seed"] == 0 and "git_revision" in data and data["config"]["camera_size_px"] == 128
+    assert Summary(path, GenDemosConfig()).attempted(0) == {(0, 0), (1, 0)}
