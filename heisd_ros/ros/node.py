@@ -205,10 +205,11 @@ class PolicyNode(Node):
                 if self._sync.problem:
                     self._problem("input", WARN, self._sync.reason)
                 return
+            if instruction is None:  # kept unconsumed: acted on if still fresh when one arrives
+                self._problem("no_instruction", WARN,
+                              f"no instruction received yet on {self.cfg.node.instruction_topic!r}")  # fmt: skip
+                return
             self._sync.consume(synced)
-        if instruction is None:
-            self._problem("no_instruction", WARN, f"no instruction received yet on {self.cfg.node.instruction_topic!r}: input ignored")
-            return
         with self._cv:
             self._job = _Job(synced, instruction, now)
             self._busy = True

@@ -256,6 +256,14 @@ class Recorder:
         qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         self.subs.append(self.node.create_subscription(cls, topic, on_raw, qos, raw=True))
 
+    def wait_matched(self, timeout_s: float) -> list[str]:
+        """Wait until the command and stats topics have a publisher; the topics that still have none."""
+        required = [s for s in self.subs if s.msg_type.__name__ in ("ArmCommand", "DecodeStats")]
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and any(s.get_publisher_count() == 0 for s in required):
+            time.sleep(0.02)
+        return [s.topic_name for s in required if s.get_publisher_count() == 0]
+
     def stop(self) -> None:
         for s in self.subs:
             self.node.destroy_subscription(s)
@@ -474,7 +482,9 @@ def _run_method(method, cfg, node, ctx, executor, player, recorder, decoder_fact
         missing = player.wait_for_subscribers(10.0)
         if missing:
             raise ConfigError(f"no subscriber on {missing}: is the policy node running (or use --start-node)?")
-        time.sleep(0.2)  # let the recorder match the node's publishers
+        unmatched = recorder.wait_matched(10.0)
+        if unmatched:
+            say(f"warning: nothing publishes {unmatched} yet; recording them anyway")
         seen: list[float] = []
 
         def on_stats(msg: Any) -> None:

@@ -1,0 +1,149 @@
+"""heisd demo: run the policy node on a generated bag and compare decoding methods.
+
+Usage:
+    heisd demo [--model-dir tiny] [--drafter-dir DIR --db-path DIR --calibration-path FILE]
+               [--methods ar,heisd] [--episodes 1] [--steps 30] [--seed 1]
+               [--params-file config/policy.yaml] [--out artifacts/demo] [--domain-id N] [--json FILE]
+
+What it does, printing progress as it goes:
+1. with `--model-dir tiny` (the default until a LIBERO model exists): trains the tiny policy,
+   its drafter, demonstration database and calibration once (cached under artifacts/tiny);
+2. writes a synthetic rosbag2 (two camera views, end-effector pose, instruction) of held-out
+   episodes with `heisd_ros.tools.make_bag`;
+3. replays it with `heisd replay --start-node --fast` once per method: the real policy node, over
+   real ROS 2 topics, with the embedded Qdrant database, one decoded step per synchronised set;
+4. prints per-method figures (mode mix, median decode latency, LLM forwards per step, accept
+   length) and the speed-up over plain autoregressive decoding, and writes them as JSON.
+
+The node's staleness limits are relaxed for the demo (replay on a busy CPU); on a robot keep the
+limits of config/policy.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from heisd_ros.core.config import METHODS
+from heisd_ros.core.errors import ConfigError, HeisdError
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What the demo runs."""
+
+    model_dir: str = "tiny"
+    """VLA checkpoint directory, or 'tiny' (built and cached under artifacts/tiny)."""
+    drafter_dir: str = ""
+    db_path: str = ""
+    calibration_path: str = ""
+    methods: tuple[str, ...] = ("ar", "heisd")
+    """Methods replayed side by side on the same bag."""
+    episodes: int = 1
+    steps: int = 30
+    """Control steps per episode of the generated bag."""
+    seed: int = 1
+    """Scene seed of the generated bag (the tiny database is built from seed 0)."""
+    params_file: str = "config/policy.yaml"
+    out: str = "artifacts/demo"
+    """Each run writes OUT/<time>/{input, output} bags and result.json."""
+    domain_id: int = -1
+    """ROS domain (-1 = ROS_DOMAIN_ID from the environment)."""
+    staleness_s: float = 5.0
+    """image/pose staleness limits of the demo node."""
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.methods if m not in METHODS]
+        if not self.methods or bad:
+            raise ConfigError(f"methods must be a non-empty subset of {METHODS}, got {list(self.methods)}")
+        if self.episodes < 1 or self.steps < 1:
+            raise ConfigError("episodes and steps must be >= 1")
+        if not self.staleness_s > 0:
+            raise ConfigError("staleness_s must be > 0")
+
+
+def run(cfg: DemoConfig, say=print) -> dict:
+    from heisd_ros.tools import replay as rp
+    from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
+
+    t0 = time.monotonic()
+    if cfg.model_dir == "tiny":
+        from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
+        from heisd_ros.policy import DEFAULT_TINY_DIR
+
+        say(f"[1/3] tiny policy (trained once, cached in {DEFAULT_TINY_DIR})")
+        build_tiny_artifacts(DEFAULT_TINY_DIR, progress=lambda m: say(f"      {m}"))
+    else:
+        say(f"[1/3] policy from {cfg.model_dir}")
+    run_dir = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
+    while run_dir.exists():
+        run_dir = run_dir.with_name(run_dir.name + "x")
+    run_dir.mkdir(parents=True)
+    bag = run_dir / "input"
+    summary = make_bag(bag, MakeBagConfig(episodes=cfg.episodes, steps=cfg.steps, seed=cfg.seed))
+    say(f"[2/3] synthetic bag: {summary['steps']} steps, two views + pose + instruction -> {bag}")
+    params = [f"model_dir:={cfg.model_dir}", f"image_staleness_s:={cfg.staleness_s}",
+              f"pose_staleness_s:={cfg.staleness_s}"]  # fmt: skip
+    for name in ("drafter_dir", "db_path", "calibration_path"):
+        if getattr(cfg, name):
+            params.append(f"{name}:={getattr(cfg, name)}")
+    say(f"[3/3] replaying into the policy node, methods {', '.join(cfg.methods)}")
+    rcfg = rp.ReplayConfig(fast=True, start_node=True, methods=cfg.methods, params_file=cfg.params_file,
+                           params=tuple(params), out=str(run_dir / "output"), domain_id=cfg.domain_id,
+                           settle_s=0.5, step_timeout_s=60.0)  # fmt: skip
+    result = rp.replay(bag, rcfg, progress=lambda m: say(f"      {m}"))
+    rows = result["methods"]
+    if "ar" in rows:
+        base = rows["ar"]["median_decode_ms"]
+        for m, row in rows.items():
+            row["speedup_vs_ar"] = base / row["median_decode_ms"] if row["median_decode_ms"] > 0 else float("nan")
+        say("speed-up over ar (median decode latency): "
+            + ", ".join(f"{m} {r['speedup_vs_ar']:.2f}x" for m, r in rows.items()))  # fmt: skip
+    result.update(demo_config=dataclasses.asdict(cfg), wall_s=time.monotonic() - t0, run_dir=str(run_dir))
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    say(f"done in {result['wall_s']:.0f} s: input bag {bag}, node outputs {run_dir / 'output'}, "
+        f"figures {run_dir / 'result.json'}")  # fmt: skip
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = DemoConfig()
+    p = argparse.ArgumentParser(prog="heisd demo", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
+    for f in dataclasses.fields(DemoConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(d, f.name)
+        if f.name == "methods":
+            p.add_argument(flag, default=",".join(default), help=f"comma-separated, from {', '.join(METHODS)}")
+        else:
+            p.add_argument(flag, type=type(default), default=default, help=f"(default {default!r})")
+    p.add_argument("--json", default="", help="also write the result here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoConfig)}
+    values["methods"] = tuple(m.strip() for m in values["methods"].split(",") if m.strip())
+    # the demo publishes on generic topic names: keep it on this machine unless told otherwise
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    try:
+        result = run(DemoConfig(**values))
+    except HeisdError as err:
+        print(f"heisd demo: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
