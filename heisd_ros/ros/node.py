@@ -166,7 +166,21 @@ class PolicyNode(Node):
 
     def destroy_node(self) -> None:
         self.close()
+        self._close_decoder()
         super().destroy_node()
+
+    def _close_decoder(self) -> None:
+        """Release the decoder's resources (the embedded database holds a file lock)."""
+        decoder = self.__dict__.pop("_decoder", None)
+        if decoder is None or (hasattr(self, "_worker") and self._worker.is_alive()):
+            return
+        # HybridDecoder.close() when it has one; otherwise close its (public) store
+        close = getattr(decoder, "close", None) or getattr(getattr(decoder, "store", None), "close", None)
+        if close is not None:
+            try:
+                close()
+            except HeisdError as err:
+                self.get_logger().warning(f"closing the decoder: {err}")
 
     # ------------------------------------------------------------------ executor callbacks
     def _now_s(self) -> float:

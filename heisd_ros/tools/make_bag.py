@@ -65,6 +65,8 @@ class MakeBagConfig:
     """How many synthetic tasks (instructions) to include, in order."""
     start_time_s: float = 1_700_000_000.0
     """Stamp of the first message (seconds since the epoch)."""
+    instruction: str = ""
+    """Replaces the instruction of every episode ('' = the synthetic task's own; tests use it for unknown tasks)."""
 
     def __post_init__(self) -> None:
         from heisd_ros.ros.conversions import SUPPORTED_ENCODINGS
@@ -163,7 +165,8 @@ def make_bag(path: str | Path, cfg: MakeBagConfig = MakeBagConfig()) -> dict:
                     put("episode_result", ts.types["std_msgs/msg/Bool"](data=True), "std_msgs/msg/Bool", t)
                     t += dt
                 episode_key = (s.instruction, s.episode)
-                put("instruction", ts.types["std_msgs/msg/String"](data=s.instruction), "std_msgs/msg/String", t)
+                text = cfg.instruction or s.instruction
+                put("instruction", ts.types["std_msgs/msg/String"](data=text), "std_msgs/msg/String", t)
                 t += dt
             put("pose", _pose(ts, s.ee_pos, t), "geometry_msgs/msg/PoseStamped", t)
             for view in VIEWS:

@@ -165,3 +165,13 @@ def test_any_sequence_yields_a_valid_set_or_a_reason(events, now):
         assert got.frames[v].stamp_s == max(t for n, t in events if n == v)
     s.consume(got)
     assert s.poll(now) is None
+
+
+def test_sync_and_params_import_without_rclpy():
+    import subprocess
+    import sys
+
+    code = ("import sys, heisd_ros.ros.sync, heisd_ros.ros.params; "
+            "assert 'rclpy' not in sys.modules, 'rclpy imported'; "
+            "heisd_ros.ros.params.build_config({'model_dir': 'tiny'})")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -68,3 +68,58 @@ def test_demo_reports_a_bad_model_dir(tmp_path, capsys):
 
     assert demo.main(argv) == 2
     assert "no_model" in capsys.readouterr().err
+
+
+def _replay_cfg(tmp_path, small_tiny, **kw):
+    from heisd_ros.tools import replay as rp
+
+    params = (f"model_dir:={small_tiny / 'model'}", f"drafter_dir:={small_tiny / 'drafter'}",
+              f"db_path:={small_tiny / 'db'}", f"calibration_path:={small_tiny / 'calibration.json'}",
+              "image_staleness_s:=5.0", "pose_staleness_s:=5.0", "diagnostics_period_s:=0.2")  # fmt: skip
+    base = dict(fast=True, start_node=True, out=str(tmp_path / "out"), domain_id=DOMAIN_ID, quiet=True,
+                params_file=str(REPO / "config" / "policy.yaml"), params=params, settle_s=0.5)  # fmt: skip
+    base.update(kw)
+    base["params"] = base["params"] + tuple(kw.get("extra", ()))
+    base.pop("extra", None)
+    return rp.ReplayConfig(**base)
+
+
+def test_real_policy_unknown_task_gives_no_command_and_an_error_diagnostic(small_tiny, tmp_path):
+    """The real decoder raises UnknownTaskError when it retrieves for a task the database lacks."""
+    from heisd_ros.tools import replay as rp
+    from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
+
+    bag = tmp_path / "unknown"
+    make_bag(bag, MakeBagConfig(steps=3, instruction="juggle three oranges"))
+    cfg = _replay_cfg(tmp_path, small_tiny, step_timeout_s=0.6, extra=("decoder.method:=retrieval",))
+    result = rp.replay(bag, cfg)
+    row = result["methods"]["retrieval"]
+    assert row["commands"] == 0 and row["decoded_steps"] == 0 and row["timeouts"] == 3
+    assert "unknown_task:" in row["rejected"]
+    got = _read(Path(cfg.out))
+    levels = [(int(s.level), s.message) for _, d in got["/diagnostics"] for s in d.status if s.name.endswith(": policy")]
+    assert any(lvl == 2 and "juggle three oranges" in msg for lvl, msg in levels), levels
+
+
+def test_real_policy_missing_database_fails_start_up_with_reason(small_tiny, tmp_path):
+    from heisd_ros.core.errors import DatabaseError
+    from heisd_ros.tools import replay as rp
+    from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
+
+    bag = tmp_path / "bag"
+    make_bag(bag, MakeBagConfig(steps=2))
+    cfg = _replay_cfg(tmp_path, small_tiny, extra=(f"db_path:={tmp_path / 'no_db'}",))
+    with pytest.raises(DatabaseError, match="no_db"):
+        rp.replay(bag, cfg)
+
+
+def _read(out: Path) -> dict[str, list]:
+    from rosbags.highlevel import AnyReader
+
+    from heisd_ros.tools import replay as rp
+
+    got: dict[str, list] = {}
+    with AnyReader([out], default_typestore=rp.typestore()) as reader:
+        for conn, _, raw in reader.messages():
+            got.setdefault(conn.topic, []).append((conn.msgtype, reader.deserialize(raw, conn.msgtype)))
+    return got
