@@ -113,8 +113,9 @@ def calibrate(
         "fused_metric": {**norm, "tau": tau},
         "verify_skip": {
             "enabled": bool(skip.qualified),
-            "min_similarity": float(min(skip.min_similarity, 0.9999)),
-            "max_distance_m": float(min(skip.max_distance_m, 0.2)),
+            # kept inside the configured clamp range, so the file always validates
+            "min_similarity": float(np.clip(skip.min_similarity, *VerifySkipConfig().min_similarity_bounds)),
+            "max_distance_m": float(np.clip(skip.max_distance_m, *VerifySkipConfig().max_distance_bounds_m)),
         },
         "meta": {"n_points": len(points), "n_pairs": len(sims), "pass_rate": float(np.mean(passed)) if passed else 0.0,
                  "n_pairs_in_retrieval_mode": int(in_retrieval.sum()),

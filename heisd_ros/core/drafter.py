@@ -118,38 +118,37 @@ class DrafterSession:
         (a child never outscores its parent, so kept nodes' ancestors are kept too).
         """
         base = self.length
-        self._node_hidden: dict[int, torch.Tensor] = {}
         emb = self.embed(torch.tensor([root_token], device=root_feature.device))
-        hidden = self._run(root_feature[None], emb, None, base)  # [1, D]
+        root_hidden = self._run(root_feature[None], emb, None, base)  # [1, D]
         nodes: list[_Node] = []
-        frontier = self._children(hidden[0], 0.0, -1, cfg.top_k, nodes)
+        hidden_of: dict[int, torch.Tensor] = {-1: root_hidden[0]}  # drafter output per expanded node
+        frontier = self._children(root_hidden, [-1], [0.0], cfg.top_k, nodes)
         slot = base + 1
         for _ in range(1, depth):
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: cfg.top_k]
-            tree = DraftTree()
-            for i in frontier:  # frontier nodes attend to their expanded ancestors in the temp cache
-                nodes[i].cache_slot = slot + len(tree.tokens)
-                tree.tokens.append(nodes[i].token)
-            parent_hidden = torch.stack([self._node_hidden[nodes[i].parent] if nodes[i].parent >= 0 else hidden[0] for i in frontier])
-            out = self._run(parent_hidden, self.embed(torch.tensor(tree.tokens, device=hidden.device)), [self._ancestor_slots(nodes, i, base) for i in frontier], base)
+            for row, i in enumerate(frontier):  # frontier nodes attend to their expanded ancestors
+                nodes[i].cache_slot = slot + row
             slot += len(frontier)
-            new_frontier: list[int] = []
+            tokens = torch.tensor([nodes[i].token for i in frontier], device=root_hidden.device)
+            parents = torch.stack([hidden_of[nodes[i].parent] for i in frontier])
+            out = self._run(parents, self.embed(tokens), [self._ancestor_slots(nodes, i, base) for i in frontier], base)
             for row, i in enumerate(frontier):
-                self._node_hidden[i] = out[row]
-                new_frontier += self._children(out[row], nodes[i].score, i, cfg.top_k, nodes)
-            frontier = new_frontier
+                hidden_of[i] = out[row]
+            frontier = self._children(out, frontier, [nodes[i].score for i in frontier], cfg.top_k, nodes)
         compact_cache(self.cache, base, [])
         keep = sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: cfg.total_tokens]
         return _to_tree(nodes, set(keep))
 
-    def _children(self, hidden: torch.Tensor, score: float, parent: int, k: int, nodes: list[_Node]) -> list[int]:
+    def _children(self, hidden: torch.Tensor, parents: list[int], scores: list[float], k: int, nodes: list[_Node]) -> list[int]:
+        """Top-k children of each row of hidden [R, D] (one batched head + top-k for all rows)."""
         logp = torch.log_softmax((hidden @ self.head_weight.T).float(), dim=-1)
-        top = torch.topk(logp, k)
+        top = torch.topk(logp, k, dim=-1)
         first = self.embed.num_embeddings - 256
         out = []
-        for lp, j in zip(top.values.tolist(), top.indices.tolist()):
-            nodes.append(_Node(token=first + j, parent=parent, score=score + lp))
-            out.append(len(nodes) - 1)
+        for parent, score, lps, idx in zip(parents, scores, top.values.tolist(), top.indices.tolist()):
+            for lp, j in zip(lps, idx):
+                nodes.append(_Node(token=first + j, parent=parent, score=score + lp))
+                out.append(len(nodes) - 1)
         return out
 
     def _ancestor_slots(self, nodes: list[_Node], i: int, base: int) -> list[int]:

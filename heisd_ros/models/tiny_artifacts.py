@@ -25,18 +25,19 @@ from heisd_ros.models.training import Example, teacher_forced, train_drafter, tr
 from heisd_ros.sim import synthetic
 
 log = logging.getLogger(__name__)
-VERSION = 2
+VERSION = 3
 DEFAULTS = dict(seed=0, n_episodes=8, n_steps=40, vla_steps=800, drafter_steps=400)
 
 
 def synthetic_actions(traj: np.ndarray) -> np.ndarray:
-    """Raw 7-D actions for a trajectory [T, 3]: scaled deltas, a wrist twist that is a smooth
-    function of the position (so nearby states of different episodes agree), the gripper."""
+    """Raw 7-D actions for a trajectory [T, 3]: scaled position deltas; no wrist rotation during
+    the transport, a slow twist during the fine approach (as in pick-and-place); the gripper
+    closes for the approach."""
     delta = np.diff(traj, axis=0, append=traj[-1:]) / 0.02
-    t = np.arange(len(traj))
-    x, y, z = traj.T
-    rot = 0.3 * np.stack([np.sin(8 * x), np.cos(8 * y), np.sin(6 * z + 1.0)], axis=1)
-    grip = np.where(t < int(len(traj) * 0.7), -1.0, 1.0)[:, None]
+    n_line = int(len(traj) * 0.7)
+    progress = np.clip((np.arange(len(traj)) - n_line + 1) / max(len(traj) - n_line, 1), 0.0, 1.0)
+    rot = 0.3 * np.stack([np.sin(np.pi * progress), 0.5 * progress, -np.sin(0.5 * np.pi * progress)], axis=1)
+    grip = np.where(np.arange(len(traj)) < n_line, -1.0, 1.0)[:, None]
     return np.concatenate([delta, rot, grip], axis=1)
 
 
