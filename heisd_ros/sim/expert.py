@@ -75,7 +75,9 @@ class ExpertConfig:
     retreat_m: float = 0.08
     phase_timeout_steps: int = 80
     """A motion phase that has not converged after this many steps moves on (contact, stall)."""
-    max_regrasps: int = 2
+    max_regrasps: int = 3
+    stall_window_steps: int = 10
+    """Descending hand that moved < 3 mm over this many steps while > 3 cm above the grasp point is blocked."""
     noise_std: float = 0.0
     """Gaussian noise on the six executed pose actions (diversity; see `explore`)."""
     waypoint_jitter_m: float = 0.0
@@ -90,7 +92,7 @@ class ExpertConfig:
             raise ConfigError("max_rot_action must be in (0, 1]")
         if self.reach_tol_m <= 0 or self.yaw_tol_rad <= 0:
             raise ConfigError("tolerances must be > 0")
-        if min(self.close_steps, self.release_steps, self.phase_timeout_steps) < 1:
+        if min(self.close_steps, self.release_steps, self.phase_timeout_steps, self.stall_window_steps) < 1:
             raise ConfigError("step counts must be >= 1")
         if self.noise_std < 0 or self.waypoint_jitter_m < 0 or self.max_regrasps < 0:
             raise ConfigError("noise_std, waypoint_jitter_m and max_regrasps must be >= 0")
@@ -150,17 +152,22 @@ class GraspPlan:
     finger_yaw_rad: float
 
 
-def plan_grasp(obj_name: str, obj: ObjectPose, ee_pos: np.ndarray, ee_rot: np.ndarray, cfg: ExpertConfig) -> GraspPlan:
-    """Where and how to grasp `obj` from above."""
+def plan_grasp(obj_name: str, obj: ObjectPose, ee_pos: np.ndarray, ee_rot: np.ndarray, cfg: ExpertConfig,
+               attempt: int = 0) -> GraspPlan:
+    """Where and how to grasp `obj` from above; `attempt` > 0 picks another rim side for bowls."""
     height = obj.top_z - obj.bottom_z
     yaw_now = finger_yaw(ee_rot)
     if "bowl" in obj_name:
+        # Attempt 0: the rim point on the current finger axis facing the hand (no turn needed);
+        # 1: the perpendicular axis; 2: the far side of the first axis; 3: of the second.
+        yaw = yaw_now + (math.pi / 2 if attempt % 2 else 0.0)
         radius = float(min(obj.world_half_extents[:2]))
-        axis = np.array([math.cos(yaw_now), math.sin(yaw_now)])
-        to_ee = ee_pos[:2] - obj.center[:2]
-        sign = 1.0 if float(axis @ to_ee) >= 0 else -1.0
+        axis = np.array([math.cos(yaw), math.sin(yaw)])
+        sign = 1.0 if float(axis @ (ee_pos[:2] - obj.center[:2])) >= 0 else -1.0
+        if (attempt // 2) % 2:
+            sign = -sign
         offset = sign * axis * max(radius - cfg.rim_inset_m, 0.0)
-        return GraspPlan(offset, max(height - 0.02, cfg.min_grasp_height_m), yaw_now)
+        return GraspPlan(offset, max(height - 0.02, cfg.min_grasp_height_m), yaw_now + wrap_half_turn(yaw - yaw_now))
     grasp_h = height - cfg.grasp_depth_m if height > cfg.tall_object_m else height / 2
     grasp_h = max(grasp_h, cfg.min_grasp_height_m)
     yaw = yaw_now
@@ -202,6 +209,7 @@ class WaypointExpert:
     def _enter(self, phase: Phase) -> None:
         self.phase = phase
         self._steps_in_phase = 0
+        self._trail: list[np.ndarray] = []
 
     def act(self, obs: SimObservation) -> np.ndarray:
         """[7] action for the current observation (advances the phase when a waypoint is reached)."""
@@ -209,7 +217,7 @@ class WaypointExpert:
             raise ConfigError("WaypointExpert.reset(goal) must be called before act()")
         obj, target = obs.objects[self.goal.obj], obs.objects[self.goal.target]
         if self._plan is None:
-            self._plan = plan_grasp(self.goal.obj, obj, obs.ee_pos, obs.ee_rot, self.config)
+            self._plan = plan_grasp(self.goal.obj, obj, obs.ee_pos, obs.ee_rot, self.config, self._regrasps)
             self._r_des = down_rotation(self._plan.finger_yaw_rad)
             self._grasp_bottom_z = obj.bottom_z
         pos_target, gripper, cap = self._waypoint(obs, obj, target)
@@ -255,6 +263,17 @@ class WaypointExpert:
             return hover, GRIPPER_OPEN, cfg.max_pos_action
         if phase == Phase.DESCEND:
             grasp = self._grasp_point(obj)
+            self._trail.append(ee.copy())
+            blocked = (
+                len(self._trail) > cfg.stall_window_steps
+                and np.linalg.norm(self._trail[-1] - self._trail[-1 - cfg.stall_window_steps]) < 0.003
+                and ee[2] - grasp[2] > 0.03
+            )
+            if blocked and self._regrasps < cfg.max_regrasps:  # e.g. a finger on a drawer wall
+                self._regrasps += 1
+                self._plan = None
+                self._enter(Phase.APPROACH)
+                return np.array([ee[0], ee[1], ee[2] + 0.05]), GRIPPER_OPEN, cfg.max_pos_action
             if np.linalg.norm(grasp - ee) < cfg.reach_tol_m or self._timed_out():
                 self._grasp_bottom_z = obj.bottom_z
                 self._enter(Phase.CLOSE)
