@@ -113,9 +113,12 @@ class Hdf5DemoWriter:
         data.attrs.setdefault("total", 0)
         self._data = data
 
-    def existing(self) -> set[tuple[int, int]]:
-        """(init_state_index, variant) of the episodes already in the file."""
-        return {(int(g.attrs["init_state_index"]), int(g.attrs["variant"])) for g in self._data.values()}
+    def existing(self) -> dict[tuple[int, int], tuple[str, int]]:
+        """(init_state_index, variant) -> (demo name, length) of the episodes already in the file."""
+        return {
+            (int(g.attrs["init_state_index"]), int(g.attrs["variant"])): (name, int(g.attrs["num_samples"]))
+            for name, g in self._data.items()
+        }
 
     def write(self, episode: Episode, init_state: np.ndarray | None = None, compression: str | None = "gzip") -> str:
         """Add `episode` as the next data/demo_i; returns its name. Flushes to disk."""

@@ -156,7 +156,9 @@ def run(config: GenDemosConfig) -> dict[str, Any]:
             for k, v in todo:
                 seed = episode_seed(config.seed, task, k, v)
                 if (k, v) in written:  # kept before an interrupted summary write
-                    summary.add(task, info, {"init_state": k, "variant": v, "success": True, "length": -1, "seconds": 0.0})
+                    demo, length = written[(k, v)]
+                    summary.add(task, info, {"init_state": k, "variant": v, "seed": seed, "success": True,
+                                             "length": length, "seconds": 0.0, "demo": demo})
                     bar.update(1)
                     continue
                 t0 = time.perf_counter()

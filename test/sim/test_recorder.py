@@ -64,7 +64,7 @@ def test_hdf5_round_trip_and_resume(tmp_path: Path) -> None:
             np.testing.assert_array_equal(a.images[view], b.images[view])
         assert (b.init_state_index, b.variant, b.instruction, b.success) == (a.init_state_index, a.variant, "pick up the soup", True)
     with Hdf5DemoWriter(path, attrs) as w:  # reopening appends and reports what is there
-        assert w.existing() == {(3, 0), (5, 1)}
+        assert w.existing() == {(3, 0): ("demo_0", 6), (5, 1): ("demo_1", 4)}
         assert w.write(make_episode(seed=2, init_state=7)) == "demo_2"
     assert len(read_hdf5_demos(path, with_images=False)[1]) == 3
 
