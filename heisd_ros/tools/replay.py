@@ -71,6 +71,8 @@ class ReplayConfig:
     """NAME:=VALUE overrides for the started node."""
     step_timeout_s: float = 5.0
     """Lockstep: give up waiting for a step's output after this."""
+    connect_timeout_s: float = 10.0
+    """How long to wait for the node's subscriptions and publishers to appear."""
     slop_s: float = 0.05
     """Stamp spread that groups the bag's images into one synchronised step (lockstep only)."""
     settle_s: float = 1.0
@@ -86,8 +88,8 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if not self.rate > 0:
             raise ConfigError("rate must be > 0")
-        if self.step_timeout_s <= 0 or self.settle_s < 0 or self.slop_s < 0:
-            raise ConfigError("step_timeout_s must be > 0, settle_s and slop_s >= 0")
+        if self.step_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.settle_s < 0 or self.slop_s < 0:
+            raise ConfigError("step_timeout_s and connect_timeout_s must be > 0, settle_s and slop_s >= 0")
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ConfigError(f"unknown method(s) {bad}; choose from {METHODS}")
@@ -479,10 +481,10 @@ def _run_method(method, cfg, node, ctx, executor, player, recorder, decoder_fact
     try:
         for topic, msgtype in outputs.items():
             recorder.record(topic, msgtype, prefix + (topic if topic.startswith("/") else "/" + topic))
-        missing = player.wait_for_subscribers(10.0)
+        missing = player.wait_for_subscribers(cfg.connect_timeout_s)
         if missing:
             raise ConfigError(f"no subscriber on {missing}: is the policy node running (or use --start-node)?")
-        unmatched = recorder.wait_matched(10.0)
+        unmatched = recorder.wait_matched(cfg.connect_timeout_s)
         if unmatched:
             say(f"warning: nothing publishes {unmatched} yet; recording them anyway")
         seen: list[float] = []
@@ -527,6 +529,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", dest="params", action="append", default=[], metavar="NAME:=VALUE",
                    help="parameter override for the started node (repeatable)")  # fmt: skip
     p.add_argument("--step-timeout-s", type=float, default=d.step_timeout_s)
+    p.add_argument("--connect-timeout-s", type=float, default=d.connect_timeout_s)
     p.add_argument("--slop-s", type=float, default=d.slop_s)
     p.add_argument("--settle-s", type=float, default=d.settle_s)
     p.add_argument("--keep-stamps", action="store_true", help="publish the recorded header stamps unchanged")
@@ -542,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = ReplayConfig(rate=args.rate, fast=args.fast, out=args.out, methods=tuple(args.methods),
                            start_node=args.start_node, params_file=args.params_file, params=tuple(args.params),
-                           step_timeout_s=args.step_timeout_s, slop_s=args.slop_s, settle_s=args.settle_s,
+                           step_timeout_s=args.step_timeout_s, connect_timeout_s=args.connect_timeout_s,
+                           slop_s=args.slop_s, settle_s=args.settle_s,
                            restamp=not args.keep_stamps, remap=tuple(args.remap), domain_id=args.domain_id,
                            quiet=args.quiet)  # fmt: skip
         result = replay(args.bag, cfg)

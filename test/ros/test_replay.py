@@ -160,7 +160,7 @@ def test_paced_replay_into_a_running_node(bag, tmp_path):
 
 
 def test_no_running_node_is_a_clear_error(bag, tmp_path):
-    cfg = _cfg(tmp_path, start_node=False, params=(), domain_id=DOMAIN_ID + 1)
+    cfg = _cfg(tmp_path, start_node=False, params=(), domain_id=DOMAIN_ID + 1, connect_timeout_s=1.0)
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match="is the policy node running"):
         rp.replay(bag, cfg)
