@@ -439,6 +439,11 @@ def test_parameter_file_is_complete_and_valid(tmp_path):
             assert isinstance(values[s.name], float), s.name
     cfg = build_config(values)
     assert cfg.node.model_dir == "tiny"
+    # the file would silently pin an old default over a changed dataclass default
+    stale = {s.name: (values[s.name], s.default) for s in param_specs()
+             if s.name != "model_dir" and values[s.name] != (list(s.default) if isinstance(s.default, tuple) else s.default)}
+    assert not stale, f"config/policy.yaml differs from the defaults {stale}; regenerate it with " \
+                      "`python -m heisd_ros.ros.params model_dir:=tiny > config/policy.yaml`"
     text = (REPO / "config" / "policy.yaml").read_text()
     assert text.count("\n    # ") + text.count("\n      # ") + text.count("\n        # ") >= len(names)
 
