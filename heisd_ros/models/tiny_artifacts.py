@@ -53,12 +53,16 @@ def _demos(seed: int, n_episodes: int, n_steps: int, image_size: int):
 
 
 def build_tiny_artifacts(out_dir: str | Path, progress: Callable[[str], None] | None = None, **overrides) -> Path:
-    """Train and save everything under `out_dir` (skipped when a matching manifest exists)."""
+    """Train and save everything under `out_dir`; an existing build of this VERSION is reused
+    (when `overrides` are given, only if it was built with the same parameters)."""
     params = {**DEFAULTS, **overrides}
     out = Path(out_dir)
     manifest = out / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text()).get("params") == {**params, "version": VERSION}:
-        return out
+    if manifest.is_file():
+        built = json.loads(manifest.read_text()).get("params", {})
+        # Reuse a build of this version; with explicit overrides its parameters must also match.
+        if built.get("version") == VERSION and (not overrides or built == {**params, "version": VERSION}):
+            return out
     say = progress or (lambda msg: log.info(msg))
     t0 = time.perf_counter()
     torch.manual_seed(params["seed"])

@@ -5,7 +5,8 @@ Usage:
                 [--threads 1] [--dtype float32] [--json FILE]
     heisd bench --model DIR --drafter DIR --db PATH --calibration FILE ...
 
-Every method decodes the same held-out episodes (synthetic for the tiny model) in one process.
+Every method decodes the same held-out episodes (synthetic for the tiny model) in one process,
+taking turns step by step so that background load affects all methods alike.
 Per method: median step latency with its stage breakdown, LLM forwards per step, accept length
 (tokens per decoding cycle; a cycle is a verification forward or a skip), mode mix, speedup vs
 `ar` (ratio of medians) and whether its tokens equal `ar`'s at every step.
@@ -88,25 +89,22 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit(f"unknown methods {unknown}; choose from {METHODS}")
     if "ar" not in methods:
         methods = ["ar"] + methods
-    paths = PolicyPaths(args.model, args.drafter, args.db, args.calibration)
+    paths = PolicyPaths(args.model, args.drafter, args.db, args.calibration, tiny_cache_dir=args.tiny_dir)
     base_cfg = DecoderConfig(method="heisd", dtype=args.dtype)
     heisd = load_policy(paths, base_cfg)  # loads model, drafter, database once; the rest share them
     episodes = tiny_observations(args.seed + 1000, args.episodes, args.steps)
-    results: dict[str, dict] = {}
-    ar_tokens: list[tuple] | None = None
-    for method in methods:
-        cfg = dataclasses.replace(heisd.cfg, method=method)
-        dec = HybridDecoder(heisd.vla, cfg, store=heisd.store, drafter=heisd.drafter)
-        stats: list[StepStats] = []
-        for episode in episodes:
+    decoders = {m: HybridDecoder(heisd.vla, dataclasses.replace(heisd.cfg, method=m), store=heisd.store,
+                                 drafter=heisd.drafter) for m in methods}
+    stats: dict[str, list[StepStats]] = {m: [] for m in methods}
+    # Methods take turns on every observation, so background load hits all of them alike.
+    for episode in episodes:
+        for dec in decoders.values():
             dec.reset(episode[0].instruction)
-            for obs in episode:
-                stats.append(dec.step(obs)[1])
-        results[method] = summarise(method, stats, ar_tokens, args.warmup)
-        if method == "ar":
-            ar_tokens = [tuple(s.tokens) for s in stats]
-            results[method]["tokens_identical_to_ar"] = True
-            results[method]["fraction_steps_identical_to_ar"] = 1.0
+        for obs in episode:
+            for m, dec in decoders.items():
+                stats[m].append(dec.step(obs)[1])
+    ar_tokens = [tuple(s.tokens) for s in stats["ar"]]
+    results = {m: summarise(m, stats[m], ar_tokens, args.warmup) for m in methods}
     ar_ms = results["ar"]["median_step_ms"]
     for r in results.values():
         r["speedup_vs_ar"] = ar_ms / r["median_step_ms"]
@@ -144,6 +142,7 @@ def print_table(report: dict) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="heisd bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="'tiny' or a model directory")
+    p.add_argument("--tiny-dir", default="artifacts/tiny", help="where --model tiny builds/caches its artifacts")
     p.add_argument("--drafter", default="", help="drafter directory (default: the tiny one for --model tiny)")
     p.add_argument("--db", default="", help="embedded database directory")
     p.add_argument("--calibration", default="", help="calibration JSON")
