@@ -113,7 +113,8 @@ class VLAModel(nn.Module):
 
     def action_head_weight(self) -> torch.Tensor:
         """lm_head rows of the 256 action tokens [256, D]; row j is token first_token_id + j."""
-        return self.language_model.lm_head.weight[self.action_tokenizer.first_token_id :]
+        first = self.action_tokenizer.first_token_id
+        return self.language_model.lm_head.weight[first : first + self.action_tokenizer.n_bins]
 
     def stats(self, unnorm_key: str | None = None) -> NormStats:
         return select_stats(self.norm_stats, unnorm_key or self.cfg.unnorm_key)

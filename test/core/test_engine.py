@@ -67,22 +67,26 @@ def test_heisd_unknown_task_raises_or_falls_back(vla, drafter, demo_store, helpe
     assert st.mode == "drafter" and "not in database" in st.fallback
 
 
-class _UnreachableStore:
-    """A store whose server went away: what qdrant-client raises is mapped to this error."""
+def test_database_fault_mid_episode_falls_back_to_drafter_mode(vla, drafter, ar, helpers):
+    """The real qdrant-client store fails mid-episode (closed under the decoder): the step is
+    decoded in drafter mode with the fault recorded, and the decoder keeps working."""
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.store.schema import DemoPoint
 
-    def has_task(self, task):
-        raise DatabaseUnavailableError("qdrant at http://127.0.0.1:1 unreachable")
-
-    def health(self):
-        return False, "unreachable"
-
-
-def test_database_fault_falls_back_to_drafter_mode(vla, drafter, helpers):
-    dec = _heisd(vla, drafter, _UnreachableStore())
-    for _ in range(3):
-        _, st = dec.step(helpers.random_obs(4))
-    assert st.mode == "drafter" and st.fallback.startswith("database fault")
-    assert dec.health() == (False, "unreachable")
+    obs = helpers.random_obs(4)
+    ref = helpers.ar_tokens(ar, obs)
+    store = make_store(StoreConfig(backend="local"), obs_dim=128, feat_dim=vla.hidden_size, create=True)
+    store.upsert([DemoPoint(dataset="f", task=obs.instruction, instruction=obs.instruction, episode=0, step=0,
+                            obs=ar.last_query, feat=np.ones(vla.hidden_size), feat_prev=np.ones(vla.hidden_size),
+                            action=np.zeros(7), action_tokens=ref, ee_pos=obs.ee_pos)])
+    dec = _heisd(vla, drafter, store, verify_skip=VerifySkipConfig(enabled=False))
+    modes = [dec.step(obs)[1].mode for _ in range(3)]
+    assert modes[-1] == "retrieval"
+    store.close()  # the database goes away
+    _, st = dec.step(obs)
+    assert st.mode == "drafter" and st.fallback.startswith("database fault") and st.tokens == ref
+    assert dec.health()[0] is False
 
 
 def test_database_unreachable_through_the_real_client_falls_back(vla, drafter, helpers):

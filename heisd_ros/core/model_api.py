@@ -1,0 +1,49 @@
+"""What the decoding core needs from a VLA: OpenVLA's surface, as a Protocol.
+
+`heisd_ros.models.vla.VLAModel` (tiny and mini models) and `heisd_ros.models.openvla.OpenVLAAdapter`
+(real OpenVLA checkpoints) implement it; the engine never imports either.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats
+
+
+class VLA(Protocol):
+    vision_backbone: torch.nn.Module
+    """pixels [V, C, S, S] -> patch features [V, N, C_vis]."""
+    projector: torch.nn.Module
+    """patch features [N, C_vis] -> LLM embeddings [N, D]."""
+    language_model: torch.nn.Module
+    """A transformers LLaMA-family *ForCausalLM (its `.model` and `.lm_head` are used)."""
+    action_tokenizer: ActionTokenizer
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def preprocess(self, images: list[np.ndarray]) -> torch.Tensor:
+        """RGB uint8 [H, W, 3] per view -> pixels [V, C, S, S]; InvalidObservationError on bad input."""
+        ...
+
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor) -> torch.Tensor:
+        """visual [N, D] -> inputs_embeds [1, T, D] in OpenVLA's order (BOS, patches, prompt text)."""
+        ...
+
+    def get_input_embeddings(self) -> torch.nn.Embedding: ...
+
+    def action_head_weight(self) -> torch.Tensor:
+        """lm_head rows of the 256 action tokens [256, D]; row j is token first_token_id + j."""
+        ...
+
+    def stats(self, unnorm_key: str | None = None) -> NormStats: ...

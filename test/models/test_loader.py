@@ -1,0 +1,63 @@
+"""Model loading: round trip of the on-disk form, and clear errors for bad files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from heisd_ros.core.errors import ModelLoadError
+from heisd_ros.models.loader import load_vla, tiny_vla
+from heisd_ros.models.openvla import check_checkpoint_dir, load_openvla
+
+
+def test_save_load_round_trip_gives_identical_outputs(tmp_path):
+    model = tiny_vla(seed=3)
+    model.save_pretrained(tmp_path / "m")
+    back = load_vla(tmp_path / "m")
+    img = [np.full((64, 64, 3), 90, np.uint8)]
+    with torch.inference_mode():
+        a = model.projector(model.vision_backbone(model.preprocess(img)))
+        b = back.projector(back.vision_backbone(back.preprocess(img)))
+        assert torch.equal(a, b)
+        assert torch.equal(model.action_head_weight(), back.action_head_weight())
+    assert back.action_head_weight().shape == (256, model.hidden_size)
+
+
+def test_missing_and_corrupt_files_name_the_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_vla(tmp_path)
+    tiny_vla().save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        load_vla(tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text("{broken")
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_vla(tmp_path / "m")
+
+
+def test_mismatched_shapes_are_reported(tmp_path):
+    tiny_vla(hidden_size=64).save_pretrained(tmp_path / "small")
+    big = tiny_vla(hidden_size=128)
+    big.save_pretrained(tmp_path / "big")
+    (tmp_path / "big" / "model.safetensors").write_bytes((tmp_path / "small" / "model.safetensors").read_bytes())
+    with pytest.raises(ModelLoadError, match="shape"):
+        load_vla(tmp_path / "big")
+
+
+def test_openvla_directory_is_validated_before_transformers(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "openvla"}))
+    with pytest.raises(ModelLoadError, match="dataset_statistics.json"):
+        load_vla(tmp_path)
+    (tmp_path / "dataset_statistics.json").write_text(json.dumps({"bridge": {"action": {"q01": [0] * 7, "q99": [1] * 7}}}))
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        check_checkpoint_dir(tmp_path)
+    (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="auto_map"):
+        load_openvla(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "openvla", "auto_map": {"AutoModelForVision2Seq": "modeling_prismatic.OpenVLAForActionPrediction"}}))
+    with pytest.raises(ModelLoadError, match="cannot load OpenVLA"):  # the remote code file is absent
+        load_openvla(tmp_path)
