@@ -50,9 +50,9 @@ class DrafterTreeConfig:
 
     depth: int = 6
     """Maximum draft depth (tokens ahead of the pending token)."""
-    top_k: int = 4
+    top_k: int = 2
     """Children expanded per frontier node, and frontier nodes kept per depth."""
-    total_tokens: int = 24
+    total_tokens: int = 12
     """Tree nodes kept after global re-ranking by cumulative log-probability."""
 
     def __post_init__(self) -> None:
@@ -82,15 +82,19 @@ class FusedMetricConfig:
     """Kinematic fused metric F = alpha*Norm(R) + (1-alpha)*Norm(D) (DESIGN §5)."""
 
     window_steps: int = 15
+    """w: end-effector positions in the sliding window."""
     alpha: float = 0.5
+    """Weight of Norm(R) against Norm(D)."""
     tau: float = 0.5
     """Boundary: F >= tau selects retrieval mode."""
     r_max_m: float = 10.0
     """Radius reported for collinear or stationary windows (a line has infinite radius), metres."""
     r_min_m: float = 0.0
+    """Lower end of Norm(R), metres (calibrated)."""
     r_p95_m: float = 1.0
     """Min-max normalisation of R: values are clipped to [r_min_m, r_p95_m]."""
     d_min_m: float = 0.0
+    """Lower end of Norm(D), metres (calibrated)."""
     d_p95_m: float = 0.3
     """Min-max normalisation of D (cumulative displacement over the window), metres."""
     stationary_tol_m: float = 1e-5
@@ -113,6 +117,7 @@ class VerifySkipConfig:
     """Adaptive verify-skip (DESIGN §6, Algorithm 1)."""
 
     enabled: bool = True
+    """Allow skipping verification of retrieval drafts (heisd only)."""
     min_similarity: float = 0.95
     """min_S: cosine similarity between the live feature and a hit's feat_prev needed to skip."""
     max_distance_m: float = 0.02
@@ -124,7 +129,9 @@ class VerifySkipConfig:
     distance_shrink: float = 0.9
     """O_dist is multiplied by this after a failed episode."""
     min_similarity_bounds: tuple[float, float] = (0.5, 0.9999)
+    """Clamp range of min_S under feedback and calibration."""
     max_distance_bounds_m: tuple[float, float] = (0.0, 0.2)
+    """Clamp range of O_dist under feedback and calibration, metres."""
     state_path: str = ""
     """Where min_S/O_dist are persisted after feedback ('' = not persisted)."""
 
@@ -151,6 +158,7 @@ class StoreConfig:
     url: str = ""
     """Server or cluster URL for backend 'remote'."""
     collection: str = "heisd_demos"
+    """Collection name (one per embodiment/dataset)."""
     api_key_env: str = "QDRANT_API_KEY"
     """Name of the environment variable holding the API key (the key itself never appears in config)."""
     timeout_s: float = 0.5
@@ -159,7 +167,9 @@ class StoreConfig:
     """Deadline of writes and administration on a remote server (upsert batches, creating the
     collection or a shard key), which legitimately take longer than a search, seconds."""
     hnsw_m: int = 16
+    """HNSW graph degree."""
     hnsw_ef_construct: int = 100
+    """HNSW build-time candidate list size."""
     exact_search_below: int = 20000
     """Partitions with fewer points are searched exactly."""
     shard_by_task: bool = False
@@ -186,10 +196,13 @@ class DecoderConfig:
     """The HybridDecoder: method switch plus the components it uses."""
 
     method: str = "heisd"
+    """One of ar, drafter, specvla, retrieval, heisd."""
     views: tuple[str, ...] = ("agentview", "wrist")
     """Camera views in the order the model and the database expect them; the first is primary."""
     device: str = "cpu"
+    """torch device of the model and drafter ('cpu', 'cuda', 'cuda:1')."""
     dtype: str = "float32"
+    """Model dtype: float32, bfloat16 or float16."""
     acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
     drafter_tree: DrafterTreeConfig = field(default_factory=DrafterTreeConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)

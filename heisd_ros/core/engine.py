@@ -136,6 +136,11 @@ class HybridDecoder:
     def episode_feedback(self, success: bool) -> None:
         self.skip.feedback(bool(success))
 
+    def close(self) -> None:
+        """Release the database (embedded Qdrant holds a file lock until closed)."""
+        if self.store is not None:
+            self.store.close()
+
     def health(self) -> tuple[bool, str]:
         if self.store is None:
             return True, "no database"
@@ -146,6 +151,7 @@ class HybridDecoder:
         self._validate(obs)
         if obs.instruction != self.instruction:
             self.reset(obs.instruction)
+            self._check_task(obs.task_key)
         st = StepStats(method=self.cfg.method)
         lat = st.latency_ms
         t0 = time.perf_counter()
@@ -246,6 +252,18 @@ class HybridDecoder:
         st.tokens = tuple(decode.tokens)
         st.llm_forwards = decode.target.forwards
         st.tokens_per_forward = decode.tokens_per_forward
+
+    def _check_task(self, task: str) -> None:
+        """Fail at the first step of an episode, not at its first retrieval, for an unknown task."""
+        if self.cfg.method not in NEEDS_STORE or self.cfg.unknown_task != "error":
+            return
+        try:
+            known = self.store.has_task(task)
+        except DatabaseError:
+            return  # a database fault is handled per step (fallback to drafter mode)
+        if not known:
+            self.instruction = None  # so the next step checks again
+            raise UnknownTaskError(f"task {task!r} has no demonstrations in the database")
 
     def _validate(self, obs: Observation) -> None:
         missing = [v for v in self.cfg.views if v not in obs.images]
