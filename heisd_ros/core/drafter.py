@@ -101,29 +101,32 @@ class DrafterSession:
         self.length = 0
 
     @torch.inference_mode()
-    def extend(self, features: torch.Tensor, next_embeds: torch.Tensor) -> None:
-        """Commit pairs (f_i, e_{i+1}) for the next positions: features, next_embeds [T, D]."""
-        if features.shape[0] == 0:
-            return
+    def extend(self, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
+        """Commit pairs (f_i, e_{i+1}) for the next positions: features, next_embeds [T, D].
+
+        The last pair is the pending token's (its feature produced the token); the returned
+        drafter output for it [D] is the root of the next draft tree.
+        """
         mask, pos = build_attention(self.length, features.shape[0], None, features.dtype, features.device)
-        self.drafter(features, next_embeds, attention_mask=mask, position_ids=pos, cache=self.cache)
+        out = self.drafter(features, next_embeds, attention_mask=mask, position_ids=pos, cache=self.cache)
         self.length += features.shape[0]
+        return out[0, -1]
 
     @torch.inference_mode()
-    def expand(self, root_feature: torch.Tensor, root_token: int, depth: int, cfg: DrafterTreeConfig) -> DraftTree:
-        """EAGLE-2 dynamic tree below the pending `root_token` (produced by target feature `root_feature` [D]).
+    def expand(self, root_hidden: torch.Tensor, depth: int, cfg: DrafterTreeConfig) -> DraftTree:
+        """EAGLE-2 dynamic tree below the pending token, whose pair was the last one committed.
 
-        Each depth expands the `top_k` best frontier nodes by cumulative log-probability into
-        their `top_k` best children; finally the `total_tokens` best nodes overall are kept
-        (a child never outscores its parent, so kept nodes' ancestors are kept too).
+        root_hidden [D]: the drafter's output for that pair (`extend`'s return value). Each depth
+        expands the `top_k` best frontier nodes by cumulative log-probability into their `top_k`
+        best children; finally the `total_tokens` best nodes overall are kept (a child never
+        outscores its parent, so kept nodes' ancestors are kept too). Temporary cache entries of
+        expanded nodes are dropped at the end.
         """
         base = self.length
-        emb = self.embed(torch.tensor([root_token], device=root_feature.device))
-        root_hidden = self._run(root_feature[None], emb, None, base)  # [1, D]
         nodes: list[_Node] = []
-        hidden_of: dict[int, torch.Tensor] = {-1: root_hidden[0]}  # drafter output per expanded node
-        frontier = self._children(root_hidden, [-1], [0.0], cfg.top_k, nodes)
-        slot = base + 1
+        hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}  # drafter output per expanded node
+        frontier = self._children(root_hidden[None], [-1], [0.0], cfg.top_k, nodes)
+        slot = base
         for _ in range(1, depth):
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: cfg.top_k]
             for row, i in enumerate(frontier):  # frontier nodes attend to their expanded ancestors
@@ -131,7 +134,7 @@ class DrafterSession:
             slot += len(frontier)
             tokens = torch.tensor([nodes[i].token for i in frontier], device=root_hidden.device)
             parents = torch.stack([hidden_of[nodes[i].parent] for i in frontier])
-            out = self._run(parents, self.embed(tokens), [self._ancestor_slots(nodes, i, base) for i in frontier], base)
+            out = self._run(parents, self.embed(tokens), [self._ancestor_slots(nodes, i) for i in frontier], base)
             for row, i in enumerate(frontier):
                 hidden_of[i] = out[row]
             frontier = self._children(out, frontier, [nodes[i].score for i in frontier], cfg.top_k, nodes)
@@ -151,30 +154,27 @@ class DrafterSession:
                 out.append(len(nodes) - 1)
         return out
 
-    def _ancestor_slots(self, nodes: list[_Node], i: int, base: int) -> list[int]:
-        slots, p = [base], nodes[i].parent  # base = the root pair's slot
+    def _ancestor_slots(self, nodes: list[_Node], i: int) -> list[int]:
+        """Temporary-cache slots of node i's expanded ancestors and of i itself, root side first."""
+        slots, p = [nodes[i].cache_slot], nodes[i].parent
         while p >= 0:
             slots.append(nodes[p].cache_slot)
             p = nodes[p].parent
-        return slots + [nodes[i].cache_slot]
+        return slots[::-1]
 
-    def _run(self, features, token_embeds, visible_slots, base) -> torch.Tensor:
-        """Drafter forward for T new entries; visible_slots=None means one causal root entry."""
+    def _run(self, features, token_embeds, visible_slots: list[list[int]], base: int) -> torch.Tensor:
+        """Drafter forward for tree nodes: each row sees the committed cache [0, base) and its slots."""
         t = features.shape[0]
         past = self.cache.get_seq_length()
-        dtype = features.dtype
-        if visible_slots is None:
-            mask, pos = build_attention(past, t, None, dtype, features.device)
-        else:
-            allowed = torch.zeros(t, past + t, dtype=torch.bool, device=features.device)
-            allowed[:, :base] = True
-            for row, slots in enumerate(visible_slots):
-                allowed[row, slots] = True
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=features.device)
-            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-            mask = mask[None, None]
-            pos = torch.tensor([[base + len(s) - 1 for s in visible_slots]], device=features.device)
-        return self.drafter(features, token_embeds, attention_mask=mask, position_ids=pos, cache=self.cache)[0]
+        allowed = torch.zeros(t, past + t, dtype=torch.bool, device=features.device)
+        allowed[:, :base] = True
+        for row, slots in enumerate(visible_slots):
+            allowed[row, slots] = True
+        mask = torch.zeros(allowed.shape, dtype=features.dtype, device=features.device)
+        mask.masked_fill_(~allowed, torch.finfo(features.dtype).min)
+        # A node at depth d sits at position base - 1 + d (the root is the last committed position).
+        pos = torch.tensor([[base - 1 + len(s) for s in visible_slots]], device=features.device)
+        return self.drafter(features, token_embeds, attention_mask=mask[None, None], position_ids=pos, cache=self.cache)[0]
 
 
 def _to_tree(nodes: list[_Node], keep: set[int]) -> DraftTree:

@@ -54,7 +54,6 @@ class _StepDecode:
         self.tokens: list[int] = []
         self.producers: list[torch.Tensor] = []  # lm_head input that produced each fixed token
         self.tokens_per_forward: list[int] = []
-        self.root_feature: torch.Tensor | None = None  # feature at the last committed position
         self._pair_feats: list[torch.Tensor] = []  # drafter pairs not yet given to the drafter
         self._pair_embeds: list[torch.Tensor] = []
 
@@ -81,24 +80,21 @@ class _StepDecode:
         self.producers += ([res.hidden[0]] + node_hidden)[: len(fixed)]
         self.tokens += fixed
         self.tokens_per_forward.append(len(fixed))
-        # Drafter pairs (f_i, e_{i+1}) over the positions this forward committed.
-        feats = list(res.chain_hidden) + node_hidden
-        embeds = list(chain) + (list(self.target.token_embeds(fixed[: len(node_hidden)])) if node_hidden else [])
-        if prefill:
-            self._pair_feats += feats[:-1]
-            self._pair_embeds += embeds[1:]
-        else:
-            self._pair_feats += [self.root_feature] + feats[:-1]
-            self._pair_embeds += embeds
-        self.root_feature = feats[-1]
+        # Drafter pairs (f_i, e_{i+1}) over the positions this forward committed; the last pair is
+        # the pending token's, so the drafter's output for it roots the next draft tree.
+        if acc.bonus_bin is not None:
+            feats = list(res.chain_hidden) + node_hidden
+            nexts = list(chain[1:]) + list(self.target.token_embeds(fixed))
+            self._pair_feats += feats
+            self._pair_embeds += nexts
         return acc
 
     def draft(self, depth: int, cfg) -> DraftTree:
-        """EAGLE-2 tree below the pending token (feeds the drafter the pairs it has not seen)."""
-        if self._pair_feats:
-            self.drafter.extend(torch.stack(self._pair_feats), torch.stack(self._pair_embeds))
-            self._pair_feats, self._pair_embeds = [], []
-        return self.drafter.expand(self.root_feature, self.tokens[-1], depth, cfg)
+        """EAGLE-2 tree below the pending token (one drafter call commits the unseen pairs and
+        yields the tree's root; then one call per further depth)."""
+        root = self.drafter.extend(torch.stack(self._pair_feats), torch.stack(self._pair_embeds))
+        self._pair_feats, self._pair_embeds = [], []
+        return self.drafter.expand(root, depth, cfg)
 
 
 class HybridDecoder:
@@ -156,8 +152,7 @@ class HybridDecoder:
         lat = st.latency_ms
         t0 = time.perf_counter()
         with torch.inference_mode():
-            with self._timed(lat, "vision"):
-                query, visual = self._vision(obs)
+            query, visual = self._vision(obs, lat)
             self.metric.push(np.asarray(obs.ee_pos, dtype=np.float64))
             f = self.metric.value()
             st.fused_metric = math.nan if f is None else float(f)
@@ -182,10 +177,12 @@ class HybridDecoder:
         return action, st
 
     # -- stages --------------------------------------------------------------------------------
-    def _vision(self, obs: Observation) -> tuple[np.ndarray, torch.Tensor]:
-        query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views])
+    def _vision(self, obs: Observation, lat: dict) -> tuple[np.ndarray, torch.Tensor]:
+        with self._timed(lat, "vision"):
+            query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views])
         self.last_query = query
-        return query, self.vla.projector(patches[0])
+        with self._timed(lat, "projector"):
+            return query, self.vla.projector(patches[0])
 
     def _maybe_retrieve(self, obs: Observation, query: np.ndarray, st: StepStats, lat: dict) -> list[Hit]:
         method = self.cfg.method
@@ -252,6 +249,9 @@ class HybridDecoder:
         st.tokens = tuple(decode.tokens)
         st.llm_forwards = decode.target.forwards
         st.tokens_per_forward = decode.tokens_per_forward
+        st.forward_ms = decode.target.forward_ms
+        lat["forward"] = sum(st.forward_ms)
+        lat["accept"] = max(lat.get("verify", 0.0) - lat["forward"], 0.0)
 
     def _check_task(self, task: str) -> None:
         """Fail at the first step of an episode, not at its first retrieval, for an unknown task."""

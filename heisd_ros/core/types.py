@@ -63,7 +63,10 @@ class StepStats:
     tokens_per_forward: list[int] = field(default_factory=list)
     """Tokens fixed by each verification forward (accepted drafts + the target's own token)."""
     latency_ms: dict[str, float] = field(default_factory=dict)
-    """Per stage: vision, retrieval, draft, verify, accept, detokenize, total."""
+    """Per stage: vision, projector, retrieval, draft, prompt, verify (forwards + acceptance),
+    forward (the LLM forwards alone), accept (verify minus forward), detokenize, total."""
+    forward_ms: list[float] = field(default_factory=list)
+    """Wall time of each LLM forward of the step."""
     fused_metric: float = math.nan
     retrieval_score: float = math.nan
     tokens: tuple[int, ...] = ()

@@ -13,6 +13,7 @@ whose predictions are used: the chain's last position and the tree nodes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,7 @@ class TargetSession:
         self.cache = DynamicCache(config=language_model.config)
         self.length = 0
         self.forwards = 0
+        self.forward_ms: list[float] = []  # wall time of each forward (device-synchronised)
 
     def token_embeds(self, tokens: list[int]) -> torch.Tensor:
         """[len(tokens), D] input embeddings."""
@@ -104,6 +106,7 @@ class TargetSession:
     @torch.inference_mode()
     def forward(self, chain_embeds: torch.Tensor, tree: DraftTree | None = None) -> ForwardResult:
         """chain_embeds [L, D] (+ tree) through the LLM; the cache grows by L + N (see `commit`)."""
+        t0 = time.perf_counter()
         chain = chain_embeds.shape[0]
         embeds = chain_embeds
         if tree is not None and len(tree):
@@ -114,6 +117,9 @@ class TargetSession:
         self._pending = chain
         hidden = last[chain - 1 :]
         bins = 256 - (hidden @ self.head_weight.T).argmax(dim=-1)
+        if bins.device.type == "cuda":
+            torch.cuda.synchronize(bins.device)
+        self.forward_ms.append((time.perf_counter() - t0) * 1e3)
         return ForwardResult(hidden=hidden, bins=bins, chain_hidden=last[:chain])
 
     def commit(self, accepted_nodes: list[int]) -> None:

@@ -30,6 +30,38 @@ from heisd_ros.core.config import METHODS, DecoderConfig
 from heisd_ros.core.types import Observation, StepStats
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize", "total")
+PROFILE_STAGES = ("vision", "projector", "retrieval", "draft", "prompt", "forward", "accept", "detokenize")
+"""--profile: `forward` is the LLM forwards alone, `accept` the rest of verification (acceptance
+logic, KV commit, bookkeeping); `python` is whatever the total leaves unaccounted for."""
+
+
+def step_floor_ms(st: StepStats) -> float:
+    """The floor of this step's mode (issue 5): vision (+projector) + retrieval (if issued) + at most
+    one LLM forward (prefill fused with verification); a skipped step has no forward."""
+    lat = st.latency_ms
+    first_forward = st.forward_ms[0] if st.forward_ms else 0.0
+    return lat.get("vision", 0.0) + lat.get("projector", 0.0) + lat.get("retrieval", 0.0) + first_forward
+
+
+def profile(stats: list[StepStats]) -> dict:
+    """Per-stage medians/means and, per mode, the median ratio of step time to its floor."""
+    out: dict = {"stage_mean_ms": {}, "stage_median_ms": {}, "modes": {}}
+    for k in PROFILE_STAGES:
+        vals = [s.latency_ms.get(k, 0.0) for s in stats]
+        out["stage_mean_ms"][k], out["stage_median_ms"][k] = float(np.mean(vals)), float(np.median(vals))
+    python = [s.latency_ms["total"] - sum(s.latency_ms.get(k, 0.0) for k in PROFILE_STAGES) for s in stats]
+    out["stage_mean_ms"]["python"], out["stage_median_ms"]["python"] = float(np.mean(python)), float(np.median(python))
+    for mode in sorted({s.mode for s in stats}):
+        sel = [s for s in stats if s.mode == mode]
+        ratios = [s.latency_ms["total"] / max(step_floor_ms(s), 1e-6) for s in sel]
+        out["modes"][mode] = {
+            "steps": len(sel),
+            "median_step_ms": float(np.median([s.latency_ms["total"] for s in sel])),
+            "median_floor_ms": float(np.median([step_floor_ms(s) for s in sel])),
+            "median_ratio_to_floor": float(np.median(ratios)),
+            "forwards_per_step": float(np.mean([s.llm_forwards for s in sel])),
+        }
+    return out
 
 
 def _git_rev() -> str:
@@ -50,7 +82,8 @@ def tiny_observations(seed: int, n_episodes: int, n_steps: int) -> list[list[Obs
     return list(episodes.values())
 
 
-def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, warmup: int) -> dict:
+def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, warmup: int,
+              with_profile: bool = False) -> dict:
     measured = stats[warmup:]
     lat = {k: float(np.median([s.latency_ms.get(k, 0.0) for s in measured])) for k in STAGES}
     tokens = sum(len(s.tokens) for s in stats)
@@ -70,6 +103,8 @@ def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, 
         "mode_mix": {k: v / len(stats) for k, v in sorted(modes.items())},
         "fallbacks": sum(1 for s in stats if s.fallback),
     }
+    if with_profile:
+        out["profile"] = profile(measured)
     if ar_tokens is not None:
         same = [tuple(s.tokens) == t for s, t in zip(stats, ar_tokens)]
         out["tokens_identical_to_ar"] = bool(all(same))
@@ -104,7 +139,7 @@ def run(args: argparse.Namespace) -> dict:
             for m, dec in decoders.items():
                 stats[m].append(dec.step(obs)[1])
     ar_tokens = [tuple(s.tokens) for s in stats["ar"]]
-    results = {m: summarise(m, stats[m], ar_tokens, args.warmup) for m in methods}
+    results = {m: summarise(m, stats[m], ar_tokens, args.warmup, args.profile) for m in methods}
     ar_ms = results["ar"]["median_step_ms"]
     for r in results.values():
         r["speedup_vs_ar"] = ar_ms / r["median_step_ms"]
@@ -139,6 +174,23 @@ def print_table(report: dict) -> None:
               f"{r['accept_length']:>7.2f} {same:>6}  {stages}  {modes}")
 
 
+def print_profile(report: dict) -> None:
+    cols = PROFILE_STAGES + ("python",)
+    print(f"\n{'mean ms':<10} " + " ".join(f"{c[:9]:>9}" for c in cols))
+    for name, r in report.items():
+        if name.startswith("_") or "profile" not in r:
+            continue
+        st = r["profile"]["stage_mean_ms"]
+        print(f"{name:<10} " + " ".join(f"{st[c]:>9.2f}" for c in cols))
+    print(f"\n{'method':<10} {'mode':<10} {'steps':>5} {'median ms':>9} {'floor ms':>9} {'ratio':>6} {'fwd/step':>8}")
+    for name, r in report.items():
+        if name.startswith("_") or "profile" not in r:
+            continue
+        for mode, m in r["profile"]["modes"].items():
+            print(f"{name:<10} {mode:<10} {m['steps']:>5} {m['median_step_ms']:>9.2f} {m['median_floor_ms']:>9.2f} "
+                  f"{m['median_ratio_to_floor']:>6.2f} {m['forwards_per_step']:>8.2f}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="heisd bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="'tiny' or a model directory")
@@ -154,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="write the report here")
+    p.add_argument("--profile", action="store_true", help="per-stage breakdown and step time / floor per mode")
     return p
 
 
@@ -161,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     report = run(args)
     print_table(report)
+    if args.profile:
+        print_profile(report)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
