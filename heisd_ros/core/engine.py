@@ -152,17 +152,17 @@ class HybridDecoder:
         lat = st.latency_ms
         t0 = time.perf_counter()
         with torch.inference_mode():
-            query, visual = self._vision(obs, lat)
+            query, patches = self._vision(obs, lat)
             self.metric.push(np.asarray(obs.ee_pos, dtype=np.float64))
             f = self.metric.value()
             st.fused_metric = math.nan if f is None else float(f)
             hits = self._maybe_retrieve(obs, query, st, lat)
             decode = None
             if hits:
-                decode = self._retrieval_mode(obs, hits, visual, st, lat)
+                decode = self._retrieval_mode(obs, hits, patches, st, lat)
             else:
                 st.mode = "ar" if self.cfg.method == "ar" else "drafter"
-                decode = self._new_decode(obs, visual, lat)
+                decode = self._new_decode(obs, patches, lat)
                 self._finish(decode, st, lat)
         with self._timed(lat, "detokenize"):
             tokens = np.asarray(st.tokens)
@@ -178,11 +178,12 @@ class HybridDecoder:
 
     # -- stages --------------------------------------------------------------------------------
     def _vision(self, obs: Observation, lat: dict) -> tuple[np.ndarray, torch.Tensor]:
+        """(retrieval query, primary view's patch features [N, C]); the projector runs only when
+        the LLM does (`_new_decode`), so a skipped step pays for vision and retrieval alone."""
         with self._timed(lat, "vision"):
             query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views])
         self.last_query = query
-        with self._timed(lat, "projector"):
-            return query, self.vla.projector(patches[0])
+        return query, patches[0]
 
     def _maybe_retrieve(self, obs: Observation, query: np.ndarray, st: StepStats, lat: dict) -> list[Hit]:
         method = self.cfg.method
@@ -208,7 +209,7 @@ class HybridDecoder:
             st.retrieval_score = float(hits[0].score)
         return hits
 
-    def _retrieval_mode(self, obs, hits: list[Hit], visual, st: StepStats, lat: dict) -> "_StepDecode | None":
+    def _retrieval_mode(self, obs, hits: list[Hit], patches, st: StepStats, lat: dict) -> "_StepDecode | None":
         st.mode = "retrieval"
         if self.cfg.method == "heisd" and self.cfg.verify_skip.enabled:
             for hit in hits:
@@ -221,13 +222,15 @@ class HybridDecoder:
                 tree = sequence_tree(drafts, max_nodes=self.cfg.retrieval.max_tree_nodes)
             else:
                 tree = chain_tree(drafts[0])
-        decode = self._new_decode(obs, visual, lat)
+        decode = self._new_decode(obs, patches, lat)
         with self._timed(lat, "verify"):
             decode.forward(tree, self.retrieval_rule, self.vocab_size)
         self._finish(decode, st, lat)
         return decode
 
-    def _new_decode(self, obs, visual, lat: dict) -> _StepDecode:
+    def _new_decode(self, obs, patches: torch.Tensor, lat: dict) -> _StepDecode:
+        with self._timed(lat, "projector"):
+            visual = self.vla.projector(patches)
         with self._timed(lat, "prompt"):
             prompt = self.vla.prompt_embeds(obs.instruction, visual)[0]
         target = TargetSession(self.vla.language_model, self.head)
