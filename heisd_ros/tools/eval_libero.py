@@ -1,0 +1,402 @@
+"""`heisd eval-libero`: closed-loop LIBERO evaluation of every decoding method (DESIGN §9, issue 4.6).
+
+Usage:
+    heisd eval-libero --model artifacts/mini_vla --drafter artifacts/mini_drafter --db artifacts/mini_db \\
+        --calibration artifacts/mini_calibration.json --suite libero_object --tasks 0-9 --init-states 40-49 \\
+        --methods ar,drafter,specvla,retrieval,heisd --max-steps 280 --out benchmarks/libero_object.json \\
+        [--plots DIR] [--seed 0] [--threads 1] [--camera-size 128] [--unknown-task error] [--no-progress]
+    heisd eval-libero --model tiny ...      (the tiny test policy; it knows no LIBERO task)
+
+Protocol (the same for every method, in one process):
+- For each task (in --tasks order) and init state (in --init-states order; only 40-49, the demos use
+  0-39), every method gets its own LiberoEnv of the task, reset to that init state (10 settle steps),
+  and its own HybridDecoder; the decoders share the VLA weights, drafter and database read-only.
+- The methods take turns at every control step, in --methods order: observation (two upright views,
+  end-effector position, instruction) -> decoder.step -> env.step. Background CPU load therefore
+  falls on all methods alike. An episode ends at task success or after --max-steps steps.
+- `decoder.reset(instruction)` starts each episode; `decoder.episode_feedback(success)` ends it, so
+  each method adapts its own verify-skip thresholds in the order its episodes ran (the JSONL order).
+  A resumed run first replays the logged results into the decoders, so it continues from the
+  thresholds an uninterrupted run would have had.
+
+Outputs: `<out stem>.jsonl` (one line per finished (task, init state, method) episode with its per-step
+StepStats; a rerun with the same settings skips finished triples), the JSON report `--out` (one object
+per method plus `_meta`), `<out stem>.md` (tables) and, with --plots, PNG plots. The report covers the
+requested tasks x init states x methods found in the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heisd_ros.core.config import METHODS
+from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.tools.gen_demos import EVAL_INIT_STATES, git_revision, parse_range
+
+
+@dataclass(frozen=True)
+class EvalLiberoConfig:
+    """What `heisd eval-libero` runs (defaults: the mini artifacts of issue 4 on LIBERO-Object)."""
+
+    model_dir: str = "artifacts/mini_vla"
+    """VLA checkpoint directory, or 'tiny' (the test policy, built under tiny_dir)."""
+    drafter_dir: str = "artifacts/mini_drafter"
+    db_path: str = "artifacts/mini_db"
+    calibration_path: str = "artifacts/mini_calibration.json"
+    tiny_dir: str = "artifacts/tiny"
+    suite: str = "libero_object"
+    tasks: tuple[int, ...] = tuple(range(10))
+    init_states: tuple[int, ...] = tuple(EVAL_INIT_STATES)
+    """LIBERO init state indices; only 40-49 (0-39 are the demonstration set)."""
+    methods: tuple[str, ...] = METHODS
+    max_steps: int = 280
+    """Control steps per episode (20 Hz) before it counts as a failure (LIBERO-Object's usual 280)."""
+    camera_size_px: int = 128
+    seed: int = 0
+    threads: int = 1
+    """torch CPU threads (fixed, so step latencies are comparable)."""
+    dtype: str = "float32"
+    unknown_task: str = "error"
+    """A task missing from the database: 'error' or 'drafter' (decode without retrieval)."""
+    out: str = "benchmarks/libero_object.json"
+    plots_dir: str = ""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.init_states) - set(EVAL_INIT_STATES))
+        if bad:
+            raise ConfigError(f"init states {bad} refused: 0-39 are the demonstration set; evaluation uses 40-49")
+        if not self.tasks or not self.init_states:
+            raise ConfigError("need at least one task and one init state")
+        if min(self.tasks) < 0:
+            raise ConfigError("task indices must be >= 0")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if not self.methods or unknown or len(set(self.methods)) != len(self.methods):
+            raise ConfigError(f"methods must be distinct names from {METHODS}, got {list(self.methods)}")
+        if self.max_steps < 1 or self.threads < 1:
+            raise ConfigError("max_steps and threads must be >= 1")
+        if not self.out.endswith(".json"):
+            raise ConfigError("--out must name a .json file")
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.out).with_suffix(".jsonl")
+
+
+class TimedStore:
+    """The shared database seen through one decoder: times every `search` (ms) for the report."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.search_ms: list[float] = []
+        self.last_k = 0
+
+    def search(self, query, task: str, top_k: int):
+        t0 = time.perf_counter()
+        try:
+            return self._store.search(query, task, top_k)
+        finally:
+            self.search_ms.append((time.perf_counter() - t0) * 1e3)
+            self.last_k = top_k
+
+    def close(self) -> None:  # the shared store is closed once, by the evaluator
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def _file_digest(path: Path) -> str:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors", ".pt"))
+    else:
+        files = [path] if path.is_file() else []
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16] if files else "missing"
+
+
+class Policies:
+    """One HybridDecoder per method over one loaded VLA, drafter and database."""
+
+    def __init__(self, cfg: EvalLiberoConfig) -> None:
+        from heisd_ros.calibration import apply_calibration
+        from heisd_ros.core.config import DecoderConfig
+        from heisd_ros.core.drafter import load_drafter
+        from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
+        from heisd_ros.models.loader import DTYPES, load_vla
+        from heisd_ros.policy import PolicyPaths, open_store, resolve_paths
+
+        raw = PolicyPaths(cfg.model_dir, cfg.drafter_dir if cfg.model_dir != "tiny" else "",
+                          cfg.db_path if cfg.model_dir != "tiny" else "",
+                          cfg.calibration_path if cfg.model_dir != "tiny" else "", tiny_cache_dir=cfg.tiny_dir)
+        self.paths = resolve_paths(raw)
+        self.vla = load_vla(self.paths.model_dir, dtype=cfg.dtype)
+        base = apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task),
+                                 self.paths.calibration_path)
+        self.base_cfg = base
+        drafter = None
+        if any(m in NEEDS_DRAFTER for m in cfg.methods):
+            lm_cfg = self.vla.language_model.config
+            drafter = load_drafter(self.paths.drafter_dir, lm_cfg, DTYPES[cfg.dtype])
+        self.store = open_store(base, self.paths, None) if any(m in NEEDS_STORE for m in cfg.methods) else None
+        self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.methods}
+        self.decoders = {m: HybridDecoder(self.vla, base.with_method(m), store=self.timed[m], drafter=drafter)
+                         for m in cfg.methods}
+
+    def fingerprint(self) -> dict[str, Any]:
+        from heisd_ros.core.config import to_dict
+
+        return {
+            "model_dir": self.paths.model_dir, "model_digest": _file_digest(Path(self.paths.model_dir)),
+            "drafter_dir": self.paths.drafter_dir, "drafter_digest": _file_digest(Path(self.paths.drafter_dir)),
+            "db_path": self.paths.db_path, "db_points": self.store.count() if self.store is not None else None,
+            "calibration_path": self.paths.calibration_path,
+            "calibration_digest": _file_digest(Path(self.paths.calibration_path)),
+            "decoder_config": to_dict(self.base_cfg),
+        }
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def _step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) -> dict[str, Any]:
+    rec = {
+        "t": t, "mode": st.mode, "skipped": st.skipped, "forwards": st.llm_forwards, "tpf": list(st.tokens_per_forward),
+        "ms": {k: round(v, 3) for k, v in st.latency_ms.items()}, "cpu_ms": round(cpu_ms, 3),
+        "sim_ms": round(sim_ms, 1), "F": round(st.fused_metric, 4), "score": round(st.retrieval_score, 4),
+        "ee": [round(float(x), 4) for x in ee_pos], "tokens": [int(x) for x in st.tokens],
+    }
+    if st.fallback:
+        rec["fallback"] = st.fallback
+    return rec
+
+
+class _Episode:
+    """One method's episode on its own env instance."""
+
+    def __init__(self, method: str, env, decoder, store: TimedStore | None) -> None:
+        self.method, self.env, self.decoder, self.store = method, env, decoder, store
+        self.obs = None
+        self.steps: list[dict[str, Any]] = []
+        self.success = False
+        self.done = False
+        self.t0 = time.perf_counter()
+        self.skip_start = (decoder.skip.min_similarity, decoder.skip.max_distance_m)
+
+    def act(self, t: int) -> None:
+        from heisd_ros.core.types import Observation
+
+        obs = self.obs
+        c0 = time.process_time()
+        action, st = self.decoder.step(Observation(obs.images, self.env.instruction, obs.ee_pos))
+        cpu_ms = (time.process_time() - c0) * 1e3
+        s0 = time.perf_counter()
+        self.obs, self.success = self.env.step(action)
+        self.steps.append(_step_record(t, st, cpu_ms, (time.perf_counter() - s0) * 1e3, obs.ee_pos))
+        self.done = self.success
+
+    def record(self, task: int, init_state: int) -> dict[str, Any]:
+        rec = {
+            "kind": "episode", "task": task, "init_state": init_state, "method": self.method,
+            "instruction": self.env.instruction, "task_name": str(self.env.task.name), "success": self.success,
+            "length": len(self.steps), "wall_s": round(time.perf_counter() - self.t0, 2),
+            "verify_skip_start": {"min_similarity": self.skip_start[0], "max_distance_m": self.skip_start[1]},
+            "steps": self.steps,
+        }
+        if self.store is not None:
+            rec["search_ms"] = [round(x, 4) for x in self.store.search_ms]
+            rec["search_k"] = self.store.last_k
+            self.store.search_ms = []
+        return rec
+
+
+def run_pair(cfg: EvalLiberoConfig, task: int, init_state: int, methods: list[str], envs: list, pol: Policies,
+             log, bar) -> None:
+    """All `methods` on one (task, init state), taking turns per control step; logs each episode as it ends."""
+    eps = []
+    for m, env in zip(methods, envs):
+        e = _Episode(m, env, pol.decoders[m], pol.timed[m])
+        e.obs = env.reset(init_state)
+        e.decoder.reset(env.instruction)
+        if e.store is not None:
+            e.store.search_ms = []
+        e.t0 = time.perf_counter()
+        eps.append(e)
+
+    def finish(e: _Episode) -> None:
+        e.decoder.episode_feedback(e.success)
+        log.append(e.record(task, init_state))
+        bar.update(1)
+
+    for t in range(cfg.max_steps):
+        active = [e for e in eps if not e.done]
+        if not active:
+            break
+        for e in active:
+            e.act(t)
+            if e.done:
+                finish(e)
+        if t % 10 == 0:
+            bar.set_postfix_str(f"task {task} init {init_state} step {t}/{cfg.max_steps} "
+                                f"ok {sum(e.success for e in eps)}/{len(eps)}")
+    for e in eps:
+        if not e.done:
+            finish(e)
+
+
+def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
+    """Run every missing episode, then rebuild the report (and Markdown, plots) from the whole log."""
+    import torch
+    from tqdm import tqdm
+
+    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_ros.tools.eval_report import ResultLog
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    t_start = time.perf_counter()
+    pol = Policies(cfg)
+    key = {"suite": cfg.suite, "max_steps": cfg.max_steps, "camera_size_px": cfg.camera_size_px,
+           "dtype": cfg.dtype, "unknown_task": cfg.unknown_task, "seed": cfg.seed, **pol.fingerprint()}
+    log = ResultLog(cfg.log_path, key)
+    for rec in log.episodes:  # resume: the thresholds an uninterrupted run would have now
+        if rec["method"] in pol.decoders:
+            pol.decoders[rec["method"]].episode_feedback(rec["success"])
+    done = log.done()
+    todo = [(t, k, m) for t in cfg.tasks for k in cfg.init_states for m in cfg.methods if (t, k, m) not in done]
+    bar = tqdm(total=len(todo), desc=f"eval-libero {cfg.suite}", unit="ep", disable=not cfg.progress)
+    todo_set = set(todo)
+    n_run = 0
+    try:
+        for task in cfg.tasks:
+            pending = {k: [m for m in cfg.methods if (task, k, m) in todo_set] for k in cfg.init_states}
+            need = max((len(v) for v in pending.values()), default=0)
+            if need == 0:
+                continue
+            envs = [LiberoEnv(LiberoEnvConfig(suite=cfg.suite, task_index=task, camera_size_px=cfg.camera_size_px))
+                    for _ in range(need)]
+            try:
+                for k, methods in pending.items():
+                    if methods:
+                        run_pair(cfg, task, k, methods, envs, pol, log, bar)
+                        n_run += len(methods)
+            finally:
+                for env in envs:
+                    env.close()
+    finally:
+        bar.close()
+        pol.close()
+        log.append({"kind": "session", "command": command, "git_rev": git_revision(), "episodes_run": n_run,
+                    "wall_s": round(time.perf_counter() - t_start, 1),
+                    "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return write_outputs(cfg, log, command, key)
+
+
+def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    import torch
+
+    from heisd_ros.tools.eval_report import build_report, markdown
+
+    wanted = {(t, k) for t in cfg.tasks for k in cfg.init_states}
+    episodes = [e for e in log.episodes if (e["task"], e["init_state"]) in wanted and e["method"] in cfg.methods]
+    pairs = sorted({(e["task"], e["init_state"]) for e in episodes})
+    meta = {
+        "command": command, "suite": cfg.suite, "tasks": list(cfg.tasks), "init_states": list(cfg.init_states),
+        "pairs": len(pairs), "methods": list(cfg.methods), "max_steps": cfg.max_steps, "seed": cfg.seed,
+        "seeds": {"torch": cfg.seed, "env": 0, "decoding": "greedy (deterministic)"},
+        "threads": cfg.threads, "camera_size_px": cfg.camera_size_px, "git_rev": git_revision(),
+        "protocol": ("per (task, init state) every method runs on its own env instance and decoder; methods take "
+                     "turns per control step in the methods order; episode_feedback after each episode, per method, "
+                     "in log order"),
+        "model": key, "log": str(cfg.log_path), "invocations": log.sessions,
+        "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+        "nice": os.nice(0), "loadavg": list(os.getloadavg()),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    report = build_report(episodes, cfg.methods, meta)
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(markdown(report))
+    if cfg.plots_dir:
+        from heisd_ros.tools.eval_plots import write_plots
+
+        report["_meta"]["plots"] = write_plots(report, episodes, cfg.plots_dir)
+        out.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = EvalLiberoConfig()
+    p = argparse.ArgumentParser(prog="heisd eval-libero", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--model", default=d.model_dir, help="model directory, or 'tiny' (the test policy)")
+    p.add_argument("--drafter", default=d.drafter_dir)
+    p.add_argument("--db", default=d.db_path, help="embedded Qdrant database directory")
+    p.add_argument("--calibration", default=d.calibration_path)
+    p.add_argument("--tiny-dir", default=d.tiny_dir, help="where --model tiny builds/caches its artifacts")
+    p.add_argument("--suite", default=d.suite)
+    p.add_argument("--tasks", default="0-9", help="task indices, e.g. 0-9 or 0,3,5-7")
+    p.add_argument("--init-states", default="40-49", help="init states within 40-49 (0-39 are the demo set)")
+    p.add_argument("--methods", default=",".join(d.methods), help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--max-steps", type=int, default=d.max_steps)
+    p.add_argument("--camera-size", type=int, default=d.camera_size_px, help="square image size in pixels")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"))
+    p.add_argument("--unknown-task", default=d.unknown_task, choices=("error", "drafter"))
+    p.add_argument("--out", default=d.out, help="JSON report; the log is <out stem>.jsonl, the table <out stem>.md")
+    p.add_argument("--plots", default=d.plots_dir, help="directory for PNG plots ('' = none)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EvalLiberoConfig:
+    return EvalLiberoConfig(
+        model_dir=args.model, drafter_dir=args.drafter, db_path=args.db, calibration_path=args.calibration,
+        tiny_dir=args.tiny_dir, suite=args.suite, tasks=parse_range(args.tasks), init_states=parse_range(args.init_states),
+        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), max_steps=args.max_steps,
+        camera_size_px=args.camera_size, seed=args.seed, threads=args.threads, dtype=args.dtype,
+        unknown_task=args.unknown_task, out=args.out, plots_dir=args.plots, progress=not args.no_progress,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    # MuJoCo picks its GL backend when first imported; headless CPU rendering needs EGL.
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    command = "heisd eval-libero " + shlex.join(argv)
+    try:
+        cfg = config_from_args(args)
+        report = run(cfg, command)
+    except HeisdError as err:
+        print(f"heisd eval-libero: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    from heisd_ros.tools.eval_report import markdown
+
+    print(markdown(report))
+    print(f"wrote {cfg.out}, {Path(cfg.out).with_suffix('.md')}, log {cfg.log_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

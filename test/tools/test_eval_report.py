@@ -1,0 +1,136 @@
+"""eval-libero's report, log and plots on made-up episodes (no simulator, no model)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.tools.eval_libero import EvalLiberoConfig, TimedStore, main
+from heisd_ros.tools.eval_plots import write_plots
+from heisd_ros.tools.eval_report import (
+    ResultLog,
+    build_report,
+    markdown,
+    summarise_method,
+    wilson_interval,
+)
+
+
+def _step(t: int, mode: str, ms: float, tpf: list[int], skipped: bool = False, tokens=(1,) * 7) -> dict:
+    return {"t": t, "mode": mode, "skipped": skipped, "forwards": len(tpf), "tpf": tpf,
+            "ms": {"total": ms, "verify": ms * 0.8}, "cpu_ms": ms * 0.9, "sim_ms": 150.0, "F": 0.6,
+            "score": 0.9, "ee": [0.01 * t, 0.0, 0.2], "tokens": list(tokens)}
+
+
+def _episode(method: str, task: int, init: int, success: bool, steps: list[dict], search=()) -> dict:
+    rec = {"kind": "episode", "task": task, "init_state": init, "method": method, "instruction": f"task {task}",
+           "success": success, "length": len(steps), "wall_s": 10.0, "steps": steps}
+    if search:
+        rec.update(search_ms=list(search), search_k=5)
+    return rec
+
+
+def _run() -> list[dict]:
+    ar = [_step(t, "ar", 40.0, [1] * 7) for t in range(4)]
+    heisd = [_step(0, "drafter", 20.0, [4, 3]), _step(1, "retrieval", 10.0, [7]),
+             _step(2, "skip", 4.0, [], skipped=True), _step(3, "retrieval", 12.0, [3, 4], tokens=(2,) * 7)]
+    return [_episode("ar", 0, 40, True, ar), _episode("heisd", 0, 40, True, heisd, search=[1.0, 2.0, 3.0]),
+            _episode("ar", 1, 40, False, ar), _episode("heisd", 1, 40, False, ar[:2] + heisd[2:], search=[4.0])]
+
+
+def test_summary_figures() -> None:
+    report = build_report(_run(), ["ar", "heisd"], {"suite": "libero_object"})
+    ar, h = report["ar"], report["heisd"]
+    assert ar["success_rate"] == 0.5 and ar["forwards_per_step"] == 7 and ar["accept_length"] == 1
+    assert ar["median_step_ms"] == 40.0 and ar["speedup_vs_ar"] == 1.0
+    # heisd cycles: 4,3 | 7 | skip=7 | 3,4 | (1 x 7) x 2 | skip=7 | 3,4 -> 20 cycles, 49 tokens... counted exactly:
+    cycles = [4, 3, 7, 7, 3, 4] + [1] * 14 + [7, 3, 4]
+    assert h["accept_length"] == pytest.approx(sum(cycles) / len(cycles))
+    assert h["accept_length_hist"]["7"] == 3 and h["skip_rate"] == pytest.approx(2 / 8)
+    assert h["forwards_per_step"] == pytest.approx((2 + 1 + 0 + 2 + 7 + 7 + 0 + 2) / 8)
+    assert h["speedup_vs_ar"] == pytest.approx(40.0 / h["median_step_ms"])
+    assert h["per_task_success"]["0"]["success_rate"] == 1.0 and h["per_task_success"]["1"]["success_rate"] == 0.0
+    assert h["episodes_identical_to_ar"] == 0.0 and not h["lossless"] and ar["lossless"]
+    lat = report["_meta"]["retrieval_latency_ms"]
+    assert lat["n"] == 4 and lat["median"] == 2.5
+    acc = report["_meta"]["acceptance"]
+    assert acc["evaluated"] and acc["success_within_5_points"] and acc["success_gap_points"] == 0.0
+    text = markdown(report)
+    assert "| heisd | 50% (1/2)" in text and "Retrieval latency" in text and "missed" in text
+    json.dumps(report, allow_nan=False)  # strict JSON (NaN written as null)
+
+
+def test_empty_method_and_wilson() -> None:
+    r = summarise_method("drafter", [])
+    assert r["episodes"] == 0 and math.isnan(r["success_rate"])
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and 0.2 < hi < 0.35
+    report = build_report(_run(), ["heisd"], {})
+    assert report["_meta"]["acceptance"]["evaluated"] is False and report["heisd"]["speedup_vs_ar"] is None
+
+
+def test_plots(tmp_path: Path) -> None:
+    episodes = _run()
+    report = build_report(episodes, ["ar", "heisd"], {"model": {"decoder_config": {"fused_metric": {"tau": 0.5}}}})
+    files = write_plots(report, episodes, tmp_path)
+    assert len(files) == 5 and all(Path(f).stat().st_size > 1000 for f in files)
+
+
+def test_log_resume_cut_line_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    log = ResultLog(path, {"max_steps": 5})
+    for e in _run()[:2]:
+        log.append(e)
+    path.write_text(path.read_text() + '{"kind":"episode","ta')  # killed mid-write
+    again = ResultLog(path, {"max_steps": 5})
+    assert again.done() == {(0, 40, "ar"), (0, 40, "heisd")}
+    again.append(_run()[2])
+    assert len(ResultLog(path, {"max_steps": 5}).episodes) == 3
+    with pytest.raises(ConfigError, match="max_steps"):
+        ResultLog(path, {"max_steps": 6})
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind":"run","key":{}}\n{oops\n{"kind":"session"}\n')
+    with pytest.raises(ConfigError, match="corrupt line 2"):
+        ResultLog(bad, {})
+
+
+@pytest.mark.parametrize("states", [(39,), (40, 50), (0,)])
+def test_demo_init_states_are_refused(states) -> None:
+    with pytest.raises(ConfigError, match="refused"):
+        EvalLiberoConfig(init_states=states)
+
+
+def test_cli_refuses_demo_init_states(capsys) -> None:
+    assert main(["--init-states", "38-41", "--out", "/nonexistent/x.json"]) == 2
+    assert "refused" in capsys.readouterr().err
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ConfigError):
+        EvalLiberoConfig(methods=("ar", "ar"))
+    with pytest.raises(ConfigError):
+        EvalLiberoConfig(methods=("fast",))
+    with pytest.raises(ConfigError):
+        EvalLiberoConfig(out="x.yaml")
+    assert EvalLiberoConfig(out="b/x.json").log_path == Path("b/x.jsonl")
+
+
+def test_timed_store_records_searches() -> None:
+    class Store:
+        def search(self, q, task, k):
+            return [k]
+
+        def has_task(self, task):
+            return True
+
+        def close(self):
+            raise AssertionError("the shared store is closed by the evaluator, not by a decoder")
+
+    ts = TimedStore(Store())
+    assert ts.search(None, "t", 5) == [5] and ts.has_task("t")
+    ts.close()
+    assert len(ts.search_ms) == 1 and ts.last_k == 5
