@@ -47,9 +47,16 @@ def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
     )
 
 
-def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | None):
-    """The database for methods that retrieve; EmptyDatabaseError when it holds nothing."""
+def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | None,
+               obs_dim: int | None = None, feat_dim: int | None = None):
+    """The database for methods that retrieve, wrapped in a ReconnectingStore.
+
+    obs_dim / feat_dim: the model's retrieval query and feature sizes, checked against the
+    database's (None = not checked). Raises DatabaseError (with the path or URL) when it cannot be
+    opened or was built for another model, EmptyDatabaseError when it holds nothing.
+    """
     from heisd_ros.store.factory import make_store
+    from heisd_ros.store.reconnect import ReconnectingStore
 
     if store_cfg is None:
         if not paths.db_path:
@@ -57,11 +64,13 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
         store_cfg = StoreConfig(backend="edge", path=paths.db_path)
     elif store_cfg.backend == "edge" and paths.db_path and store_cfg.path != paths.db_path:
         store_cfg = dataclasses.replace(store_cfg, path=paths.db_path)
-    store = make_store(store_cfg)
+    store = make_store(store_cfg, obs_dim, feat_dim)  # a database that cannot be opened fails the start-up
     if store.count() == 0:
         store.close()
         raise EmptyDatabaseError(f"the demonstration database at {store_cfg.path or store_cfg.url} is empty")
-    return store
+    dims = (store.obs_dim, store.feat_dim)
+    # A fault after start-up is ridden out: drafter mode while down, reconnection with backoff.
+    return ReconnectingStore(lambda: make_store(store_cfg, *dims), store_cfg, store)
 
 
 def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig | None = None, store=None) -> HybridDecoder:
@@ -74,5 +83,7 @@ def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig |
         drafter = load_drafter(paths.drafter_dir, vla.language_model.config, DTYPES[cfg.dtype]).to(cfg.device)
     cfg = apply_calibration(cfg, paths.calibration_path)
     if store is None and cfg.method in NEEDS_STORE:
-        store = open_store(cfg, paths, store_cfg)
+        out_dim = getattr(getattr(vla, "vision_backbone", None), "out_dim", None)  # not every backbone says
+        obs_dim = len(cfg.views) * out_dim if isinstance(out_dim, int) else None
+        store = open_store(cfg, paths, store_cfg, obs_dim=obs_dim, feat_dim=vla.hidden_size)
     return HybridDecoder(vla, cfg, store=store, drafter=drafter)

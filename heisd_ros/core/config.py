@@ -161,6 +161,12 @@ class StoreConfig:
     """Collection name (one per embodiment/dataset)."""
     api_key_env: str = "QDRANT_API_KEY"
     """Name of the environment variable holding the API key (the key itself never appears in config)."""
+    api_key_file: str = ""
+    """File whose first line is the API key (e.g. a mounted secret); read at connect time and used
+    instead of api_key_env. '' = use api_key_env. The key is never logged."""
+    tls_ca_cert: str = ""
+    """CA bundle (PEM) that verifies the server's TLS certificate; needs an https:// url.
+    '' = the system's certificate store."""
     timeout_s: float = 0.5
     """Deadline of each read request to a remote server (search, count), seconds."""
     write_timeout_s: float = 30.0
@@ -178,6 +184,14 @@ class StoreConfig:
     task_cache_ttl_s: float = 5.0
     """How long per-task point counts (has_task, partition size) are trusted before the database is
     asked again; upserts through the same store refresh them at once. 0 = always ask."""
+    replication_factor: int = 1
+    """Backend 'remote' (cluster): copies of every shard, passed when the collection and each task's
+    shard key are created (existing collections keep theirs). 1 = no replica."""
+    reconnect_backoff_s: float = 0.5
+    """After a database fault the decoder runs without retrieval and retries after this delay,
+    doubling it after every failed retry (the control step never waits for the database)."""
+    reconnect_max_backoff_s: float = 30.0
+    """Upper bound of the retry delay, seconds."""
 
     def __post_init__(self) -> None:
         _require(self.backend in ("edge", "local", "remote"), f"unknown store backend {self.backend!r}")
@@ -189,6 +203,11 @@ class StoreConfig:
         _require(0 < self.timeout_s <= 3600, "timeout_s must be in (0, 3600]")
         _require(0 < self.write_timeout_s <= 3600, "write_timeout_s must be in (0, 3600]")
         _require(self.hnsw_m >= 4 and self.hnsw_ef_construct >= 4, "HNSW parameters too small")
+        _require(1 <= self.replication_factor <= 16, "replication_factor must be in [1, 16]")
+        _require(self.replication_factor == 1 or self.backend == "remote", "replication_factor needs backend 'remote'")
+        _require(0 < self.reconnect_backoff_s <= self.reconnect_max_backoff_s <= 3600,
+                 "reconnect delays must satisfy 0 < reconnect_backoff_s <= reconnect_max_backoff_s <= 3600")
+        _require(not self.tls_ca_cert or self.url.startswith("https://"), "tls_ca_cert needs an https:// url")
 
 
 @dataclass(frozen=True)

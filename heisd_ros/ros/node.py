@@ -10,7 +10,12 @@ inputs can arrive at any rate without building a backlog. Only the worker touche
 
 Bad input (stale, missing, undecodable, NaN, unknown task, database fault) never produces a
 command and never stops the node: it is logged (throttled per kind), reported on /diagnostics,
-and the next valid input is acted on.
+and the next valid input is acted on. Safety checks on the way out: a non-finite action, or one
+beyond `action_limits`, is never published; a valid one is clipped to `max_abs_action`; a
+watchdog withholds commands while inference overruns `watchdog_factor` control periods. A step
+decoded without retrieval because the database is down is published (drafter mode) with a WARN.
+Warnings of the decoding core (Python `logging` under `heisd_ros`: calibration, verify-skip
+state, database reconnection) are forwarded to the node's ROS logger.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import logging
 import sys
 import threading
 import time
@@ -41,6 +47,7 @@ from heisd_ros.core.types import Observation
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.params import PolicyNodeConfig, build_config, declare_all, validate_update
 from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig, SyncedSet
+from heisd_ros.ros.watchdog import Watchdog
 
 OK, WARN, ERROR = 0, 1, 2  # DiagnosticStatus levels (the message holds them as one byte)
 SENSOR_QOS = QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.BEST_EFFORT,
@@ -83,6 +90,26 @@ class _Window:
     rejected: Counter = dataclasses.field(default_factory=Counter)
     dropped_ticks: int = 0
     clipped: int = 0
+    fallbacks: int = 0
+    """Steps decoded without retrieval (database fault, task not in the database)."""
+
+
+class _RosLogBridge(logging.Handler):
+    """Forwards warnings of the `heisd_ros` Python loggers to the node's ROS logger (/rosout)."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(level=logging.WARNING)
+        self._logger = node.get_logger()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = f"{record.name}: {record.getMessage()}"
+        except (TypeError, ValueError):  # a malformed format string must not break the caller
+            text = f"{record.name}: {record.msg!r}"
+        if record.levelno >= logging.ERROR:
+            self._logger.error(text)
+        else:
+            self._logger.warning(text)
 
 
 class PolicyNode(Node):
@@ -97,6 +124,8 @@ class PolicyNode(Node):
                  node_name: str = "policy_node", **node_kwargs: Any) -> None:  # fmt: skip
         super().__init__(node_name, **node_kwargs)
         started = False
+        self._log_bridge = _RosLogBridge(self)
+        logging.getLogger("heisd_ros").addHandler(self._log_bridge)
         try:
             self._values = declare_all(self)
             self.cfg = build_config(self._values)
@@ -115,6 +144,8 @@ class PolicyNode(Node):
         self._cv = threading.Condition()
         self._job: _Job | None = None
         self._busy = False
+        self._job_started = 0.0  # monotonic time the worker took the current job
+        self._watchdog = Watchdog()
         self._stop = False
         self._feedback: list[bool] = []
         self._instruction: str | None = None
@@ -149,6 +180,13 @@ class PolicyNode(Node):
         self._timer = self.create_timer(n.control_period_s, self._on_tick)
         self._diag_timer = self.create_timer(n.diagnostics_period_s, self._publish_diagnostics)
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        store = self.cfg.store
+        spare_s = self._watchdog_budget_s() - n.control_period_s
+        if store is not None and store.backend == "remote" and store.timeout_s > spare_s:
+            self.get_logger().warning(
+                f"store.timeout_s {store.timeout_s:g} s exceeds the watchdog budget minus one control period "
+                f"({spare_s:g} s): the first step of a database outage will trip the watchdog"
+            )
         self.get_logger().info(
             f"policy node ready: method={self.cfg.decoder.method} views={list(views)} "
             f"rate={n.control_rate_hz} Hz model={n.model_dir!r} dry_run={n.dry_run}"
@@ -167,6 +205,7 @@ class PolicyNode(Node):
     def destroy_node(self) -> None:
         self.close()
         self._close_decoder()
+        logging.getLogger("heisd_ros").removeHandler(self._log_bridge)
         super().destroy_node()
 
     def _close_decoder(self) -> None:
@@ -209,12 +248,21 @@ class PolicyNode(Node):
     def _on_tick(self) -> None:
         now = self._now_s()
         with self._cv:
-            if self._busy:
+            busy, instruction = self._busy, self._instruction
+            if busy:
                 self._win.dropped_ticks += 1
-                return
-            instruction = self._instruction
+                running_s = time.monotonic() - self._job_started
+        if busy:
+            hung = self._watchdog.running(running_s, self._watchdog_budget_s())
+            if hung:
+                self._problem("watchdog", ERROR, f"watchdog: inference running for {running_s * 1e3:.0f} ms "
+                              f"> budget {self._watchdog_budget_s() * 1e3:.0f} ms; commands withheld")  # fmt: skip
+            return
         with self._sync_lock:
             synced = self._sync.poll(now)
+            events, self._sync.events = self._sync.events, []
+            for why in events:
+                self._report("clock", WARN, f"clock jump: {why}; synchroniser restarted", rejected=False)
             if synced is None:
                 if self._sync.problem:
                     self._problem("input", WARN, self._sync.reason)
@@ -244,20 +292,29 @@ class PolicyNode(Node):
     # ------------------------------------------------------------------ problems and logging
     def _problem(self, kind: str, level: int, message: str) -> None:
         """Record a step that produced no command: throttled warning + diagnostic."""
+        self._report(kind, level, message, rejected=True)
+
+    def _report(self, kind: str, level: int, message: str, rejected: bool) -> None:
+        """Throttled log + diagnostic; `rejected` counts it as a step without a command."""
         now = time.monotonic()
         with self._cv:
-            self._win.rejected[kind] += 1
+            if rejected:
+                self._win.rejected[kind] += 1
             self._problems.append((level, message))
             self._last_error = (message, now)
             last = self._warned.get(kind, -1e9)
             log = now - last >= self.cfg.node.warn_throttle_s
             if log:
                 self._warned[kind] = now
+        text = f"no command: {message}" if rejected else message
         # rclpy pins one severity per call site, hence two calls
         if log and level == ERROR:
-            self.get_logger().error(f"no command: {message}")
+            self.get_logger().error(text)
         elif log:
-            self.get_logger().warning(f"no command: {message}")
+            self.get_logger().warning(text)
+
+    def _watchdog_budget_s(self) -> float:
+        return self.cfg.node.watchdog_factor * self.cfg.node.control_period_s
 
     # ------------------------------------------------------------------ worker thread
     def _work(self) -> None:
@@ -269,6 +326,7 @@ class PolicyNode(Node):
                     return
                 job, self._job = self._job, None
                 feedback, self._feedback = self._feedback, []
+                self._job_started = time.monotonic()
             try:
                 for success in feedback:
                     self._decoder.episode_feedback(success)
@@ -281,6 +339,7 @@ class PolicyNode(Node):
                 self._problem("decoder", ERROR, f"{type(err).__name__}: {err}")
             finally:
                 if job is not None:
+                    self._watchdog.finished()
                     with self._cv:
                         self._busy = False
             if time.monotonic() - self._health_t >= period:
@@ -299,6 +358,7 @@ class PolicyNode(Node):
         if self._needs_reset or job.instruction != self._episode_instruction:
             self._decoder.reset(job.instruction)
             self._episode_instruction, self._needs_reset, self._step_id = job.instruction, False, 0
+        started = time.monotonic()
         try:
             images = {v: conv.msg_to_rgb(f.data, n.expected_hw) for v, f in job.synced.frames.items()}
             ee_pos = conv.pose_to_position(job.synced.pose.data, n.quat_norm_tol)
@@ -315,11 +375,30 @@ class PolicyNode(Node):
             return self._problem("database", ERROR, f"database: {type(err).__name__}: {err}")
         except HeisdError as err:
             return self._problem("decoder", ERROR, f"{type(err).__name__}: {err}")
+        was_tripped = self._watchdog.tripped
+        ok, why = self._watchdog.step(time.monotonic() - started, self._watchdog_budget_s(), n.watchdog_recovery_steps)
+        if not ok:
+            return self._problem("watchdog", ERROR, why)
+        if was_tripped:
+            self.get_logger().warning(f"watchdog cleared: {n.watchdog_recovery_steps} steps within budget, "
+                                      "commanding again")  # fmt: skip
         now = self._now_s()
         age = now - job.synced.image_stamp_s
         if age > n.image_staleness_s:
             return self._problem("slow", WARN, f"result stale: inputs {age:.3f} s old at publication "
                                  f"> image_staleness_s {n.image_staleness_s:.3f} (decoding too slow?)")  # fmt: skip
+        if age < -n.image_staleness_s:
+            return self._problem("clock", WARN, f"clock jumped back during decoding: inputs stamped {-age:.3f} s "
+                                 "in the future at publication")  # fmt: skip
+        beyond = np.flatnonzero(np.abs(action) > np.asarray(n.action_limits))
+        if beyond.size:
+            return self._problem("out_of_range", ERROR, f"action out of range: dimension(s) {beyond.tolist()} = "
+                                 f"{action[beyond].round(4).tolist()} beyond action_limits "
+                                 f"{[n.action_limits[i] for i in beyond]}")  # fmt: skip
+        if stats.fallback:  # decoded (drafter mode), but the operator must know retrieval is off
+            with self._cv:
+                self._win.fallbacks += 1
+            self._report("fallback", WARN, f"decoded without retrieval: {stats.fallback}", rejected=False)
         clipped = conv.clip_action(action, n.max_abs_action)
         stamp, frame = job.synced.stamp_s, n.command_frame_id
         self._step_id += 1
@@ -348,8 +427,10 @@ class PolicyNode(Node):
             problems, self._problems = self._problems, []
             modes, rejected = dict(self._win.modes), dict(self._win.rejected)
             steps, dropped, clipped = self._win.steps, self._win.dropped_ticks, self._win.clipped
+            fallbacks = self._win.fallbacks
             last_error, last_error_t = self._last_error
             instruction = self._instruction
+        trips, tripped = self._watchdog.state.trips, self._watchdog.tripped
         health_ok, health_text = self._health
         lat = np.array([p[1] for p in recent]) * 1e3
         dec = np.array([p[2] for p in recent])
@@ -358,6 +439,9 @@ class PolicyNode(Node):
 
         level = max([lvl for lvl, _ in problems], default=OK)
         message = problems[-1][1] if problems else "running"
+        if tripped:  # withholding commands is an ERROR for as long as it lasts
+            level, message = ERROR, next((m for _, m in reversed(problems) if m.startswith("watchdog")),
+                                         "watchdog tripped: commands withheld")  # fmt: skip
         if len(dec) and np.median(dec) > period_ms and level == OK:
             level, message = WARN, f"decoding takes {np.median(dec):.0f} ms, longer than the control period {period_ms:.0f} ms"
         if instruction is None and level == OK:
@@ -369,7 +453,9 @@ class PolicyNode(Node):
             "target_rate_hz": f"{n.control_rate_hz:.2f}", "command_rate_hz": f"{rate:.2f}",
             "control_period_ms": f"{period_ms:.1f}", "latency_median_ms": med(lat), "latency_p95_ms": p95(lat),
             "decode_median_ms": med(dec), "steps": str(steps), "dropped_ticks": str(dropped),
-            "clipped_commands": str(clipped),
+            "clipped_commands": str(clipped), "fallback_steps": str(fallbacks),
+            "watchdog": "tripped" if tripped else "ok", "watchdog_trips": str(trips),
+            "clock_resets": str(self._sync.clock_resets),
             "mode_mix": " ".join(f"{k}:{v}" for k, v in sorted(modes.items())) or "-",
             "rejected": " ".join(f"{k}:{v}" for k, v in sorted(rejected.items())) or "-",
             "last_error": last_error, "last_error_age_s": f"{now - last_error_t:.1f}" if last_error else "",

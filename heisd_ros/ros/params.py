@@ -74,6 +74,14 @@ class NodeConfig:
     """Reject frames of another width (0 = accept any)."""
     max_abs_action: tuple[float, ...] = (1.0,) * ACTION_DIM
     """Per-dimension clip of the action (dX, dY, dZ, drX, drY, drZ, gripper), policy units."""
+    action_limits: tuple[float, ...] = (2.0,) * ACTION_DIM
+    """Per-dimension plausibility bound, policy units (>= max_abs_action): a decoded action with
+    |a_i| above it is never published, not even clipped (no command, ERROR diagnostic)."""
+    watchdog_factor: float = 3.0
+    """Inference taking longer than this many control periods trips the watchdog: no commands (ERROR)
+    until watchdog_recovery_steps steps in a row decode within the budget."""
+    watchdog_recovery_steps: int = 3
+    """Consecutive steps within the watchdog budget that clear a tripped watchdog."""
     dry_run: bool = False
     """Decode and publish DecodeStats/diagnostics but no ArmCommand/Twist/gripper."""
     publish_twist: bool = False
@@ -123,6 +131,14 @@ class NodeConfig:
                  f"max_abs_action needs {ACTION_DIM} values, got {len(self.max_abs_action)}")  # fmt: skip
         _require(all(math.isfinite(v) and v > 0 for v in self.max_abs_action),
                  f"max_abs_action values must be finite and > 0, got {list(self.max_abs_action)}")  # fmt: skip
+        _require(len(self.action_limits) == ACTION_DIM,
+                 f"action_limits needs {ACTION_DIM} values, got {len(self.action_limits)}")  # fmt: skip
+        _require(all(math.isfinite(v) and lim >= v for v, lim in zip(self.max_abs_action, self.action_limits)),
+                 f"action_limits {list(self.action_limits)} must be finite and >= max_abs_action "
+                 f"{list(self.max_abs_action)} in every dimension")  # fmt: skip
+        _require(math.isfinite(self.watchdog_factor) and 1.0 <= self.watchdog_factor <= 100.0,
+                 f"watchdog_factor must be in [1, 100], got {self.watchdog_factor}")  # fmt: skip
+        _require(1 <= self.watchdog_recovery_steps <= 1000, "watchdog_recovery_steps must be in [1, 1000]")
         _require(math.isfinite(self.twist_linear_scale) and math.isfinite(self.twist_angular_scale),
                  "twist scales must be finite")  # fmt: skip
         _require(bool(self.model_dir), "model_dir is required ('tiny' builds the random test model)")
@@ -142,7 +158,8 @@ class NodeConfig:
 
 NODE_DYNAMIC = frozenset({
     "command_frame_id", "image_staleness_s", "pose_staleness_s", "sync_slop_s", "expected_image_height",
-    "expected_image_width", "max_abs_action", "dry_run", "twist_linear_scale", "twist_angular_scale",
+    "expected_image_width", "max_abs_action", "action_limits", "watchdog_factor", "watchdog_recovery_steps",
+    "dry_run", "twist_linear_scale", "twist_angular_scale",
     "quat_norm_tol", "warn_throttle_s",
 })  # fmt: skip
 """Node parameters that may change at run time; every other parameter is read-only."""
@@ -163,7 +180,8 @@ class PolicyNodeConfig:
         _require(len(self.node.image_topics) == len(self.decoder.views),
                  f"image_topics has {len(self.node.image_topics)} entries but decoder.views has "
                  f"{len(self.decoder.views)} {list(self.decoder.views)}: one topic per view")  # fmt: skip
-        self.store  # validates the store parameters too
+        if self.store is None:  # no database configured: the store.* values must still be valid
+            from_dict(StoreConfig, {**self.store_fields, "path": "(unset)"})
 
     @property
     def store(self) -> StoreConfig | None:

@@ -12,6 +12,13 @@ Policy (what a controller wants, not what a recorder wants):
   is attached to every set, provided it is not older than `pose_staleness_s`.
 - When no set can be formed, `poll` returns None and `reason` says why (missing view, stale,
   out of slop, nothing new), so the node can warn and report it.
+- Clock jumps (a bag played in a loop, a simulator reset under sim time): a frame stamped more
+  than `image_staleness_s` before the one held for its view (a pose: `pose_staleness_s`) means its
+  source restarted; it replaces the held one and the view's "used" mark is cleared, otherwise the
+  new timeline would never be offered. A `now_s` that goes back drops what is then stamped too
+  far in the future (frames with their "used" marks, the pose). Each such
+  restart is counted in `clock_resets` and described in `events`. Safety does not depend on it:
+  every set is still checked against `now_s` for staleness (and for stamps in the future).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ T = TypeVar("T")
 # Reasons why no set is available. Problems are worth a warning; IDLE is the normal state
 # between two frames.
 IDLE = "no new frames since the last step"
+CLOCK_JUMP_TOLERANCE_S = 1e-3
+"""A `now_s` further back than this from the previous poll is a clock jump."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,10 @@ class ApproxTimeSync:
         self.reason: str = "no frames received yet"
         self.problem = False
         self.dropped_out_of_order = 0
+        self.clock_resets = 0
+        self.events: list[str] = []
+        """Clock jumps seen since the caller last emptied the list."""
+        self._last_now: float | None = None
 
     def reconfigure(self, cfg: SyncConfig) -> None:
         """Change the limits (views must stay the same: they shape the subscriptions)."""
@@ -106,24 +119,50 @@ class ApproxTimeSync:
             return False
         held = self._frames.get(view)
         if held is not None and stamp_s < held.stamp_s:
-            self.dropped_out_of_order += 1
-            return False
+            back = held.stamp_s - stamp_s
+            if back <= self.cfg.image_staleness_s:
+                self.dropped_out_of_order += 1
+                return False
+            self._restart(f"stamps of view {view!r} jumped back {back:.3f} s", view)
         self._frames[view] = Stamped(float(stamp_s), data)
         return True
 
     def add_pose(self, stamp_s: float, data: Any) -> bool:
-        """Offer a pose; an older pose than the one held is dropped."""
+        """Offer a pose; an older pose than the one held is dropped (unless it is a clock jump)."""
         if self._pose is not None and stamp_s < self._pose.stamp_s:
-            self.dropped_out_of_order += 1
-            return False
+            back = self._pose.stamp_s - stamp_s
+            if back <= self.cfg.pose_staleness_s:
+                self.dropped_out_of_order += 1
+                return False
+            self._restart(f"pose stamps jumped back {back:.3f} s", None)
         self._pose = Stamped(float(stamp_s), data)
         return True
+
+    def _restart(self, why: str, view: str | None) -> None:
+        """A source (one view, or the pose with view None) restarted its timeline."""
+        if view is not None:
+            self._frames.pop(view, None)
+            self._consumed.pop(view, None)
+        self.clock_resets += 1
+        self.events.append(why)
+
+    def _clock_went_back(self, now_s: float, back_s: float) -> None:
+        """Forget what lies beyond the future tolerance of the new clock (it belongs to the old timeline)."""
+        for v, f in list(self._frames.items()):
+            if f.stamp_s - now_s > self.cfg.image_staleness_s:
+                del self._frames[v]
+                self._consumed.pop(v, None)
+        if self._pose is not None and self._pose.stamp_s - now_s > self.cfg.pose_staleness_s:
+            self._pose = None
+        self.clock_resets += 1
+        self.events.append(f"clock jumped back {back_s:.3f} s")
 
     def clear(self) -> None:
         """Forget all frames and the pose (e.g. when an episode restarts)."""
         self._frames.clear()
         self._pose = None
         self._consumed.clear()
+        self._last_now = None
         self.reason, self.problem = "no frames received yet", False
 
     def poll(self, now_s: float) -> SyncedSet | None:
@@ -134,6 +173,9 @@ class ApproxTimeSync:
         Does not consume the set: call `consume(s)` once it is handed to the policy.
         """
         cfg = self.cfg
+        if self._last_now is not None and now_s < self._last_now - CLOCK_JUMP_TOLERANCE_S:
+            self._clock_went_back(now_s, self._last_now - now_s)
+        self._last_now = now_s
         missing = [v for v in cfg.views if v not in self._frames]
         if missing:
             return self._none(f"missing view(s) {missing}: no frame received", problem=True)

@@ -1,6 +1,8 @@
 """Demonstration store through qdrant-client: a server or cluster by URL, or local mode.
 
-backend 'remote': `QdrantClient(url=cfg.url, api_key=$<cfg.api_key_env>)`. qdrant-client rounds its
+backend 'remote': `QdrantClient(url=cfg.url, api_key=<first line of cfg.api_key_file, else
+$<cfg.api_key_env>>)`, TLS verified against `cfg.tls_ca_cert` when set; the key never reaches a log
+or an error message. Collections (and shard keys) are created with `cfg.replication_factor`. qdrant-client rounds its
 timeout up to whole seconds, so every HTTP request is additionally held to `cfg.timeout_s` (reads) or
 `cfg.write_timeout_s` (writes, administration) through an httpx request hook. With
 `cfg.shard_by_task` the collection uses custom sharding: one shard key per task, created on the
@@ -16,6 +18,7 @@ import math
 import os
 import pickle
 import sqlite3
+import ssl
 import threading
 import warnings
 from contextlib import contextmanager
@@ -152,7 +155,7 @@ class ClientStore(StoreBase):
         self._refresh_shard_keys()  # another writer may have made it
         if task not in self._shard_keys:
             with self._writing(), _client_errors(f"create shard key {task!r}", self._where):
-                self._client.create_shard_key(self._name, task)
+                self._client.create_shard_key(self._name, task, replication_factor=self._cfg.replication_factor)
             self._shard_keys.add(task)
 
     # -- hooks -------------------------------------------------------------------------------
@@ -238,15 +241,41 @@ def _connect(cfg: StoreConfig, create: bool, deadline: threading.local | None) -
         request.extensions["timeout"] = httpx.Timeout(getattr(deadline, "s", cfg.timeout_s)).as_dict()
 
     where = redact_url(cfg.url)
+    tls = {"verify": _tls_context(cfg.tls_ca_cert)} if cfg.tls_ca_cert else {}
     with _client_errors("connect", where, unavailable=True):
         client = QdrantClient(
             url=cfg.url,
-            api_key=os.environ.get(cfg.api_key_env) or None,
+            api_key=read_api_key(cfg),
             timeout=max(1, math.ceil(cfg.write_timeout_s)),
             check_compatibility=False,  # we probe the collection ourselves, under our deadline
             event_hooks={"request": [hold_to_deadline]},
+            **tls,
         )
     return client, where
+
+
+def read_api_key(cfg: StoreConfig) -> str | None:
+    """The API key from `cfg.api_key_file` (first line) or else `$<cfg.api_key_env>`; None if neither.
+
+    Errors name the file, never its content.
+    """
+    if cfg.api_key_file:
+        try:
+            lines = Path(cfg.api_key_file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"cannot read the API key file {cfg.api_key_file}: {type(err).__name__}") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ConfigError(f"the API key file {cfg.api_key_file} is empty")
+        return key
+    return os.environ.get(cfg.api_key_env) or None
+
+
+def _tls_context(ca_file: str) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"cannot load the TLS CA bundle {ca_file}: {err}") from err
 
 
 def _open_collection(
@@ -305,5 +334,6 @@ def _create_collection(client: QdrantClient, cfg: StoreConfig, where: str, obs_d
     index = qm.KeywordIndexParams(type=qm.KeywordIndexType.KEYWORD, is_tenant=True)
     with warnings.catch_warnings(), _client_errors("create collection", where, unavailable=True):
         warnings.filterwarnings("ignore", message="Payload indexes have no effect")  # local mode
-        client.create_collection(cfg.collection, vectors_config=vectors, hnsw_config=hnsw, sharding_method=sharding)
+        client.create_collection(cfg.collection, vectors_config=vectors, hnsw_config=hnsw, sharding_method=sharding,
+                                 replication_factor=cfg.replication_factor)
         client.create_payload_index(cfg.collection, TASK_FIELD, field_schema=index, wait=True)

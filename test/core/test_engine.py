@@ -169,3 +169,57 @@ def test_step_returns_finite_unnormalised_action(ar, helpers):
 
 def test_observation_type(helpers):
     assert isinstance(helpers.random_obs(0), Observation)
+
+
+def test_remote_database_silent_mid_episode_falls_back_then_reconnects(vla, drafter, ar, helpers, qdrant_server):
+    """The real qdrant-client path to a server that stops answering mid-episode: the step in
+    flight waits at most timeout_s and is decoded in drafter mode (lossless: the AR tokens), later
+    steps do not wait for the database at all, and retrieval comes back after the backoff."""
+    import time
+
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.store.reconnect import ReconnectingStore
+    from heisd_ros.store.schema import DemoPoint
+
+    obs = helpers.random_obs(11)
+    ref = helpers.ar_tokens(ar, obs)
+    cfg = StoreConfig(backend="remote", url=qdrant_server.url, timeout_s=0.3, reconnect_backoff_s=0.5,
+                      task_cache_ttl_s=0.0)  # fmt: skip
+    with make_store(cfg, obs_dim=128, feat_dim=vla.hidden_size, create=True) as s:
+        s.upsert([DemoPoint(dataset="f", task=obs.instruction, instruction=obs.instruction, episode=0, step=0,
+                            obs=ar.last_query, feat=np.ones(vla.hidden_size), feat_prev=np.ones(vla.hidden_size),
+                            action=np.zeros(7), action_tokens=ref, ee_pos=obs.ee_pos)])  # fmt: skip
+    store = ReconnectingStore(lambda: make_store(cfg, 128, vla.hidden_size), cfg, make_store(cfg))
+    dec = _heisd(vla, drafter, store, verify_skip=VerifySkipConfig(enabled=False))
+    assert [dec.step(obs)[1].mode for _ in range(3)][-1] == "retrieval"
+    qdrant_server.pause()
+    _, st = dec.step(obs)
+    assert st.mode == "drafter" and st.fallback.startswith("database fault") and st.tokens == ref
+    assert st.latency_ms["retrieval"] < 1e3 * cfg.timeout_s + 300
+    _, st = dec.step(obs)  # backing off: no request, no wait
+    assert st.mode == "drafter" and "reconnect attempt" in st.fallback and st.latency_ms["retrieval"] < 10
+    assert dec.health()[0] is False
+    qdrant_server.resume()
+    time.sleep(store.retry_in_s + 0.05)
+    _, st = dec.step(obs)
+    assert st.mode == "retrieval" and st.fallback == "" and st.tokens == ref and store.reconnects == 1
+    dec.close()
+
+
+def test_instruction_change_resets_the_window_and_the_skip_state(vla, drafter, demo_store, helpers):
+    skip = VerifySkipConfig(min_similarity=-1.0, min_similarity_bounds=(-1.0, 1.0), max_distance_m=0.2,
+                            max_consecutive_skips=3)  # fmt: skip
+    dec = _heisd(vla, drafter, demo_store, verify_skip=skip)
+    obs = helpers.random_obs(3)
+    modes = [dec.step(obs)[1].mode for _ in range(4)]
+    assert modes == ["drafter", "drafter", "skip", "skip"] and dec.skip.consecutive_skips == 2
+    # a new instruction mid-episode (same database partition, so retrieval and skipping stay possible)
+    other = dataclasses.replace(obs, instruction="pick up the red bowl, then stop", task=obs.instruction)
+    _, st = dec.step(other)
+    # a fresh window (one position: F undefined -> drafter mode) and a fresh skip run; without the
+    # reset this step would have been the third skip in a row
+    assert dec.instruction == other.instruction and len(dec.metric) == 1 and st.mode == "drafter"
+    assert dec.skip.consecutive_skips == 0 and dec.f_live is not None
+    modes = [dec.step(other)[1].mode for _ in range(2)]
+    assert modes[0] == "drafter" and modes[1] in ("retrieval", "skip")  # retrieval is back with 3 positions

@@ -52,6 +52,9 @@ class FakeDecoder:
         self.steps = 0
         self.db_down = False
         self.big_action = False
+        self.huge_action = False  # beyond action_limits
+        self.nan_action = False
+        self.fallback = ""
 
     def reset(self, instruction):
         self.resets.append(instruction)
@@ -66,9 +69,13 @@ class FakeDecoder:
         self.steps += 1
         a = np.concatenate([obs.ee_pos, [0.1, 0.2, 0.3, 1.0]])
         if self.big_action:
-            a[0] = 5.0
+            a[0] = 1.5  # beyond max_abs_action (clipped), within action_limits
+        if self.huge_action:
+            a[4] = -7.5
+        if self.nan_action:
+            a[2] = math.nan
         return a, StepStats(mode="drafter", method="heisd", llm_forwards=2, tokens_per_forward=[4, 3],
-                            latency_ms={"total": 1000 * self.delay_s}, tokens=tuple(range(7)))
+                            latency_ms={"total": 1000 * self.delay_s}, tokens=tuple(range(7)), fallback=self.fallback)
 
     def episode_feedback(self, success):
         self.feedback.append(success)
@@ -243,15 +250,87 @@ def test_instruction_change_and_episode_result_reset(rig, policy):
     assert len(rig.decoder.resets) == 3 and rig.commands[-1].step_id == 1
 
 
-def test_dry_run_publishes_stats_but_no_command(rig):
-    rig.start(dry_run=True)
+def test_dry_run_publishes_nothing_to_actuators(rig):
+    """dry_run: DecodeStats and diagnostics only; no ArmCommand, Twist or gripper command, also
+    when switched on at run time; switching it off resumes commanding."""
+    policy = rig.start(dry_run=True, publish_twist=True)
     try:
         rig.instruct("pick up the red bowl")
-        n_cmd, n_stats = len(rig.commands), len(rig.stats)
-        t = rig.publish_set()
-        assert rig.wait(lambda: any(abs(conv.stamp_to_s(s.header.stamp) - t) < 1e-6 for s in rig.stats), 2.0)
+        n_act, n_stats = len(rig.commands) + len(rig.twists) + len(rig.grips), len(rig.stats)
+        stats_for = lambda t: any(abs(conv.stamp_to_s(s.header.stamp) - t) < 1e-6 for s in rig.stats)  # noqa: E731
+        for _ in range(3):
+            assert rig.wait(lambda t=rig.publish_set(): stats_for(t), 2.0)
         time.sleep(0.1)
-        assert len(rig.commands) == n_cmd and len(rig.stats) > n_stats
+        assert len(rig.commands) + len(rig.twists) + len(rig.grips) == n_act and len(rig.stats) >= n_stats + 3
+        assert policy.set_parameters([Parameter("dry_run", value=False)])[0].successful
+        assert _acted(rig, rig.publish_set()) and rig.wait(lambda: len(rig.twists) > 0 and len(rig.grips) > 0, 2.0)
+        assert policy.set_parameters([Parameter("dry_run", value=True)])[0].successful
+        n_act = len(rig.commands) + len(rig.twists) + len(rig.grips)
+        t = rig.publish_set()
+        assert rig.wait(lambda: stats_for(t), 2.0)
+        time.sleep(0.1)
+        assert len(rig.commands) + len(rig.twists) + len(rig.grips) == n_act
+    finally:
+        rig.stop()
+
+
+def test_per_dimension_action_clipping(rig, policy):
+    """max_abs_action clips each dimension to its own bound (a per-step action limit); set at run time."""
+    rig.instruct("pick up the red bowl")
+    limits = [0.05, 0.5, 0.25, 0.15, 0.5, 0.5, 1.0]
+    assert policy.set_parameters([Parameter("max_abs_action", value=limits)])[0].successful
+    t = rig.publish_set(pos=(0.3, -0.9, 0.1))  # action = [0.3, -0.9, 0.1, 0.1, 0.2, 0.3, 1.0]
+    assert _acted(rig, t)
+    cmd = next(c for c in rig.commands if abs(conv.stamp_to_s(c.header.stamp) - t) < 1e-6)
+    assert list(cmd.delta_position) == pytest.approx([0.05, -0.5, 0.1])
+    assert list(cmd.delta_rotation) == pytest.approx([0.1, 0.2, 0.3]) and cmd.gripper == 1.0
+    assert policy._win.clipped == 1
+
+
+def test_database_fallback_publishes_the_command_with_a_warn_diagnostic(rig, policy):
+    """A step the decoder had to decode without retrieval (database down) is still a valid command
+    (drafter mode); the node says so on /diagnostics (WARN) and in the log, every time it happens."""
+    rig.instruct("pick up the red bowl")
+    assert _acted(rig, rig.publish_set())
+    time.sleep(0.1)
+    n_diag, n_log = len(rig.diags), len(rig.policy_logs(30))
+    rig.decoder.fallback = "database fault: DatabaseUnavailableError: Qdrant at http://db:6333 is unreachable"
+    assert _acted(rig, rig.publish_set())
+    words = "decoded without retrieval: database fault"
+    assert rig.wait(lambda: any(lvl == 1 and words in m for lvl, m in rig.diag_levels_since(n_diag)), 2.0)
+    assert rig.wait(lambda: any(words in m for m in rig.policy_logs(30)[n_log:]), 2.0)
+    assert rig.wait(lambda: any(kv.key == "fallback_steps" and kv.value == "1" for d in rig.diags[n_diag:]
+                                for st in d.status for kv in st.values), 2.0)  # fmt: skip
+    rig.decoder.fallback = ""
+
+
+def test_watchdog_withholds_commands_while_inference_overruns_and_recovers(rig):
+    """Inference over watchdog_factor control periods: no command and an ERROR until
+    watchdog_recovery_steps steps in a row are back within the budget."""
+    dec = FakeDecoder()
+    policy = rig.start(dec, control_rate_hz=10.0, watchdog_factor=2.0, watchdog_recovery_steps=2,
+                       image_staleness_s=1.0, pose_staleness_s=1.0)  # budget 200 ms  # fmt: skip
+    try:
+        rig.instruct("pick up the red bowl")
+        assert _acted(rig, rig.publish_set())
+        time.sleep(0.1)
+        n_cmd, n_diag = len(rig.commands), len(rig.diags)
+        dec.delay_s = 0.5
+        t = rig.publish_set()
+        # while the slow step runs, the tick already reports the overrun
+        assert rig.wait(lambda: any(lvl == 2 and "inference running for" in m for lvl, m in rig.diag_levels_since(n_diag)), 2.0)
+        assert rig.wait(lambda: dec.steps >= 2, 2.0) and not _acted(rig, t, 0.2)
+        assert any(lvl == 2 and "inference took" in m for lvl, m in rig.diag_levels_since(n_diag))
+        dec.delay_s = 0.0
+        first = rig.publish_set()
+        assert not _acted(rig, first, 0.5)  # 1/2 steps within budget: still withheld
+        assert any("1/2 steps within" in m for _, m in rig.diag_levels_since(n_diag))
+        assert _acted(rig, rig.publish_set())  # 2/2: commanding again
+        assert len(rig.commands) == n_cmd + 1 and policy._watchdog.state.trips == 1
+        assert any("watchdog cleared" in m for m in rig.policy_logs(30))
+        k = len(rig.diags)
+        assert rig.wait(lambda: any(kv.key == "watchdog" and kv.value == "ok" for d in rig.diags[k:]
+                                    for st in d.status for kv in st.values), 2.0)  # fmt: skip
     finally:
         rig.stop()
 
@@ -277,6 +356,9 @@ BAD_INPUTS = {
     "nan pose": (lambda r: r.publish_set(pose_msg=_nan_pose(r)), "not finite", 1),
     "unknown task": (lambda r: [r.instruct("an unknown task"), time.sleep(0.1), r.publish_set()], "unknown task", 2),
     "database missing": (lambda r: [setattr(r.decoder, "db_down", True), r.publish_set()], "database", 2),
+    "action beyond action_limits": (lambda r: [setattr(r.decoder, "huge_action", True), r.publish_set()],
+                                    "action out of range: dimension(s) [4] = [-7.5]", 2),
+    "nan action": (lambda r: [setattr(r.decoder, "nan_action", True), r.publish_set()], "non-finite action", 1),
 }
 
 
@@ -293,7 +375,7 @@ def test_bad_input_gives_no_command_a_warning_a_diagnostic_and_recovers(rig, pol
     assert rig.wait(lambda: any(words in m for m in rig.policy_logs(30)[n_log:]), 2.0), rig.policy_logs(30)[n_log:]
     assert len(rig.commands) == n_cmd, "a command was published from bad input"
     # recovery: the node still runs and acts on the next valid input
-    rig.decoder.db_down = False
+    rig.decoder.db_down = rig.decoder.huge_action = rig.decoder.nan_action = False
     rig.instruct("pick up the red bowl")
     time.sleep(0.1)
     assert _acted(rig, rig.publish_set()), "no command for the valid input after the bad one"
@@ -366,6 +448,67 @@ def test_flooding_builds_no_backlog(rig, decode_ms):
         rig.stop()
 
 
+class SimClock:
+    """Publishes /clock at 100 Hz: sim time = base + wall time elapsed; `jump(to)` moves it anywhere."""
+
+    def __init__(self, rig, start_s: float) -> None:
+        from rosgraph_msgs.msg import Clock
+
+        self.pub = rig.node.create_publisher(Clock, "/clock", 10)
+        self.msg = Clock
+        self.base, self.wall0 = start_s, time.monotonic()
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def now(self) -> float:
+        return self.base + time.monotonic() - self.wall0
+
+    def jump(self, to_s: float) -> None:
+        self.base, self.wall0 = to_s, time.monotonic()
+
+    def _run(self) -> None:
+        while self.running:
+            self.pub.publish(self.msg(clock=conv.s_to_stamp(self.now())))
+            time.sleep(0.01)
+
+    def stop(self, rig) -> None:
+        self.running = False
+        self.thread.join(1.0)
+        rig.node.destroy_publisher(self.pub)
+
+
+def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
+    """use_sim_time with a bag or simulator that restarts: /clock and the stamps jump back. The node
+    must not crash, must not act on data of the old timeline, and must act on the new one."""
+    clock = SimClock(rig, 1000.0)
+    policy = rig.start(use_sim_time=True, control_rate_hz=20.0)
+    try:
+        assert rig.wait(lambda: abs(policy._now_s() - clock.now()) < 0.1, 3.0), "sim time not received"
+        rig.instruct("pick up the red bowl")
+        assert _acted(rig, rig.publish_set(t=clock.now()))
+        time.sleep(0.1)
+        n_diag = len(rig.diags)
+        clock.jump(10.0)  # the bag loops / the simulator resets: time goes back by ~990 s
+        time.sleep(0.1)
+        n_cmd = len(rig.commands)
+        old = rig.publish_set(t=1000.5)  # late data of the old timeline: "in the future" now
+        assert not _acted(rig, old, 0.3)
+        assert len(rig.commands) == n_cmd
+        t = rig.publish_set(t=clock.now())  # the new timeline is acted on
+        assert _acted(rig, t), rig.diag_levels_since(n_diag)
+        assert rig.wait(lambda: any(lvl >= 1 and "clock jump" in m for lvl, m in rig.diag_levels_since(n_diag)), 2.0)
+        assert policy._sync.clock_resets >= 1
+        clock.jump(5000.0)  # forward: everything held is stale until fresh data arrives
+        time.sleep(0.1)
+        stale = rig.publish_set(t=clock.now() - 50.0)
+        assert not _acted(rig, stale, 0.3)
+        assert _acted(rig, rig.publish_set(t=clock.now()))
+    finally:
+        rig.stop()
+        clock.stop(rig)
+
+
 # --- parameters ---------------------------------------------------------------------------------
 
 
@@ -379,6 +522,15 @@ def test_flooding_builds_no_backlog(rig, decode_ms):
         ({"decoder.method": "magic"}, "unknown method"),
         ({"sync_slop_s": 2.0}, "sync_slop_s"),
         ({"control_rate_hz": 10}, "must be of type float"),
+        ({"image_topics": ["cam a", "cam_b"]}, "invalid topic name"),
+        ({"action_limits": [0.5] * 7}, "must be finite and >= max_abs_action"),
+        ({"watchdog_factor": 0.5}, "watchdog_factor must be in"),
+        ({"decoder.verify_skip.max_consecutive_skips": -1}, "max_consecutive_skips"),
+        ({"decoder.views": ["agentview", "agentview"]}, "view names must be unique"),
+        ({"store.backend": "cloud"}, "unknown store backend"),
+        ({"store.backend": "remote"}, "needs a url"),
+        ({"store.timeout_s": 0.0}, "timeout_s"),
+        ({"store.backend": "remote", "store.url": "http://q:6333", "store.tls_ca_cert": "/ca.pem"}, "https"),
     ],
 )
 def test_invalid_parameters_fail_start_up_with_reason(rig, params, words):
@@ -395,11 +547,29 @@ def test_decoder_load_failure_fails_start_up(rig):
         PolicyNode(broken, context=rig.ctx, parameter_overrides=[Parameter("model_dir", value="/missing")])
 
 
+@pytest.mark.parametrize(
+    "updates, words",
+    [
+        ({"sync_slop_s": -0.1}, "sync_slop_s"),  # out of range
+        ({"max_abs_action": [1.0, 2.0]}, "max_abs_action needs 7"),  # wrong length
+        ({"image_staleness_s": 0.01}, "sync_slop_s must not exceed image_staleness_s"),  # inconsistent
+        ({"max_abs_action": [3.0] * 7}, "must be finite and >= max_abs_action"),  # above action_limits
+        ({"watchdog_factor": 0.0}, "watchdog_factor"),
+        ({"expected_image_height": 0}, "set both"),  # the rig sets both to 8
+        ({"image_staleness_s": 1}, "type"),  # an integer for a double
+        ({"control_rate_hz": 5.0}, "read-only"),
+        ({"decoder.method": "ar"}, "read-only"),
+        ({"store.path": "/tmp/other"}, "read-only"),
+    ],
+)
+def test_invalid_parameter_updates_are_rejected_with_reason(rig, policy, updates, words):
+    before = policy.cfg
+    results = policy.set_parameters([Parameter(k, value=v) for k, v in updates.items()])
+    assert not results[0].successful and words in results[0].reason, results[0].reason
+    assert policy.cfg == before  # nothing of a rejected update is applied
+
+
 def test_parameter_updates_are_validated(rig, policy):
-    bad = policy.set_parameters([Parameter("sync_slop_s", value=-0.1)])[0]
-    assert not bad.successful and "sync_slop_s" in bad.reason
-    bad = policy.set_parameters([Parameter("max_abs_action", value=[1.0, 2.0])])[0]
-    assert not bad.successful and "max_abs_action" in bad.reason
     ro = policy.set_parameters([Parameter("control_rate_hz", value=5.0)])[0]
     assert not ro.successful and "read-only" in ro.reason
     ok = policy.set_parameters([Parameter("dry_run", value=True), Parameter("sync_slop_s", value=0.1)])

@@ -160,11 +160,84 @@ def test_any_sequence_yields_a_valid_set_or_a_reason(events, now):
     assert max(stamps) - min(stamps) <= 0.05
     assert all(abs(now - t) <= 0.5 for t in stamps)
     assert abs(now - got.pose.stamp_s) <= 0.5
-    # depth 1: every frame is the newest frame received for its view
+    # depth 1: every frame is the newest frame received for its view, unless an older one came from
+    # a restarted clock (more than image_staleness_s back), which replaces it
     for v in VIEWS:
-        assert got.frames[v].stamp_s == max(t for n, t in events if n == v)
+        held = None
+        for n, t in events:
+            if n == v and (held is None or t >= held or held - t > 0.5):
+                held = t
+        assert got.frames[v].stamp_s == held
     s.consume(got)
     assert s.poll(now) is None
+
+
+# --- clock jumps --------------------------------------------------------------------------------
+
+
+def test_bag_loop_under_sim_time_restarts_and_recovers():
+    """A bag played in a loop with use_sim_time: stamps and the clock go back together."""
+    s = make()
+    for k in range(5):
+        feed(s, 100.0 + 0.1 * k)
+        s.consume(s.poll(100.0 + 0.1 * k + 0.01))
+    got = s.poll(0.51)  # the clock jumped back to the bag's start: what is held is "in the future"
+    assert got is None and s.problem and s.clock_resets == 1 and "clock jumped back 99.9" in s.events[-1]
+    feed(s, 0.5)  # the new timeline, whose stamps are older than everything consumed before
+    got = s.poll(0.51)
+    assert got is not None and got.stamp_s == 0.5
+    s.consume(got)
+    feed(s, 0.6)
+    assert s.poll(0.61).stamp_s == 0.6
+
+
+def test_stamps_jumping_back_under_a_steady_clock_are_never_acted_on():
+    """Wall clock, bag looped with --keep-stamps: the new stamps are old, hence stale: no set, a reason."""
+    s = make()
+    feed(s, 1000.0)
+    s.consume(s.poll(1000.01))
+    feed(s, 900.0)  # restarted source: replaces the held frames and pose
+    assert s.clock_resets == 3 and len(s.events) == 3
+    got = s.poll(1000.2)
+    assert got is None and s.problem and "stale image" in s.reason
+    feed(s, 1000.3)  # the live stream again
+    assert s.poll(1000.31).stamp_s == 1000.3
+
+
+def test_small_reordering_is_not_a_clock_jump():
+    s = make(img=0.5, pose=0.5)
+    feed(s, 10.0)
+    assert not s.add_frame("wrist", 9.6, "late") and not s.add_pose(9.6, "late")
+    assert s.clock_resets == 0 and s.dropped_out_of_order == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    segments=st.lists(st.tuples(st.floats(0.0, 1e4, allow_nan=False), st.integers(1, 8)), min_size=1, max_size=6),
+    stale_now=st.booleans(),
+)
+def test_any_clock_history_never_yields_stale_or_future_data_and_recovers(segments, stale_now):
+    """Runs of 10 Hz frames starting at arbitrary times (jumps either way), the clock following them:
+    every set is fresh relative to now, and the last run is always acted on."""
+    s = make(slop=0.05, img=0.3, pose=0.3)
+    got = None
+    for start, n in segments:
+        for k in range(n):
+            t = start + 0.1 * k
+            feed(s, t)
+            now = t + (5.0 if stale_now else 0.01)
+            got = s.poll(now)
+            if got is not None:
+                assert all(-0.3 <= now - f.stamp_s <= 0.3 for f in got.frames.values())
+                assert -0.3 <= now - got.pose.stamp_s <= 0.3
+                s.consume(got)
+    if stale_now:
+        assert got is None
+        return
+    start, n = segments[-1]
+    prev_last = segments[-2][0] + 0.1 * (segments[-2][1] - 1) if len(segments) > 1 else -1e9
+    if start > prev_last + 1e-9 or start < prev_last - 0.3 - 1e-9:  # new frames, or a real restart
+        assert got is not None and got.stamp_s == pytest.approx(start + 0.1 * (n - 1))
 
 
 def test_sync_and_params_import_without_rclpy():

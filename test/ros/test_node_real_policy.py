@@ -1,0 +1,285 @@
+"""The policy node with the real loading path (model, drafter, database, calibration from files):
+start-up failures name the broken file, a bad calibration falls back to the defaults with a
+warning in the node's log, and a database outage mid-run is ridden out in drafter mode.
+
+The files are those of an *untrained* tiny policy (written in a second; loading is what is tested).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from geometry_msgs.msg import PoseStamped
+from rcl_interfaces.msg import Log
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.parameter import Parameter
+from sensor_msgs.msg import Image
+from std_msgs.msg import String
+
+from heisd_ros.core.config import FusedMetricConfig, StoreConfig
+from heisd_ros.core.errors import DatabaseError, DatabaseUnavailableError, ModelLoadError
+from heisd_ros.ros import conversions as conv
+from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode
+
+msg_mod = pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
+
+DOMAIN_ID = 64
+REPO = Path(__file__).resolve().parents[2]
+TASK = "pick up the red bowl"
+
+
+def _points(n: int, obs_dim: int, feat_dim: int, first_token: int):
+    from heisd_ros.store import DemoPoint
+
+    rng = np.random.default_rng(0)
+    return [DemoPoint("unit", TASK, TASK, 0, k, rng.normal(size=obs_dim), rng.normal(size=feat_dim),
+                      rng.normal(size=feat_dim), np.zeros(7), tuple(int(t) for t in rng.integers(first_token, first_token + 256, 7)),
+                      rng.uniform(-0.1, 0.1, 3)) for k in range(n)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """model/ drafter/ db/ calibration.json of an untrained tiny policy, plus a drafter of another size."""
+    import torch
+
+    from heisd_ros.core.drafter import EagleDrafter
+    from heisd_ros.models.loader import tiny_vla
+    from heisd_ros.store import make_store
+
+    root = tmp_path_factory.mktemp("policy")
+    vla = tiny_vla(seed=0)
+    vla.save_pretrained(root / "model")
+    torch.manual_seed(0)
+    EagleDrafter(vla.language_model.config).save(root / "drafter")
+    EagleDrafter(tiny_vla(hidden_size=64).language_model.config).save(root / "drafter_small")
+    with make_store(StoreConfig(backend="edge", path=str(root / "db")), 128, vla.hidden_size, create=True) as s:
+        s.upsert(_points(6, 128, vla.hidden_size, vla.action_tokenizer.first_token_id))
+    (root / "calibration.json").write_text(json.dumps({"fused_metric": {"tau": -1.0}, "verify_skip": {"enabled": False}}))
+    return root
+
+
+def _params(root: Path, **over) -> dict:
+    return {"model_dir": str(root / "model"), "drafter_dir": str(root / "drafter"), "db_path": str(root / "db"),
+            "calibration_path": str(root / "calibration.json"), "control_rate_hz": 10.0,
+            "diagnostics_period_s": 0.2, "warn_throttle_s": 0.0, **over}  # fmt: skip
+
+
+def _copy(files: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "policy"
+    subprocess.run(["cp", "-r", str(files), str(dst)], check=True)  # keeps the database's sparse files sparse
+    return dst
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    c = rclpy.Context()
+    rclpy.init(context=c, domain_id=DOMAIN_ID)
+    yield c
+    rclpy.shutdown(context=c)
+
+
+def _start(ctx, name: str, **params) -> PolicyNode:
+    return PolicyNode(context=ctx, node_name=name, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
+
+
+def test_the_real_files_load(ctx, files):
+    node = _start(ctx, "loads", **_params(files))
+    try:
+        assert node._decoder.cfg.fused_metric.tau == -1.0  # calibration applied
+        assert node._decoder.health()[0]
+    finally:
+        node.destroy_node()
+
+
+def _corrupt(path: Path) -> None:
+    path.write_bytes(b"\x00garbage" * 8)
+
+
+# name -> (damage to a copy of the files, error class, words naming the file)
+BROKEN = {
+    "model weights corrupt": (lambda r: _corrupt(r / "model" / "model.safetensors"), ModelLoadError, "model.safetensors"),
+    "model weights missing": (lambda r: (r / "model" / "model.safetensors").unlink(), ModelLoadError,
+                              "missing weights file"),
+    "model config corrupt": (lambda r: (r / "model" / "config.json").write_text("{"), ModelLoadError, "config.json"),
+    "norm stats corrupt": (lambda r: (r / "model" / "dataset_statistics.json").write_text("[]"), ModelLoadError,
+                           "dataset_statistics.json"),
+    "drafter weights corrupt": (lambda r: _corrupt(r / "drafter" / "drafter.safetensors"), ModelLoadError,
+                                "drafter.safetensors"),
+    "drafter missing": (lambda r: subprocess.run(["rm", "-r", str(r / "drafter")], check=True), ModelLoadError,
+                        "drafter.safetensors"),
+    "drafter of another model": (lambda r: (r / "drafter" / "drafter.safetensors").write_bytes(
+        (r / "drafter_small" / "drafter.safetensors").read_bytes()), ModelLoadError, "does not match the target"),
+    "database missing": (lambda r: subprocess.run(["rm", "-r", str(r / "db")], check=True), DatabaseUnavailableError,
+                         "no demonstration database"),
+    "database metadata corrupt": (lambda r: (r / "db" / "heisd_demos" / "heisd_store.json").write_text("{"),
+                                  DatabaseUnavailableError, "heisd_store.json"),
+    "database engine files corrupt": (lambda r: (r / "db" / "heisd_demos" / "edge_config.json").write_text("x"),
+                                      DatabaseUnavailableError, "heisd_demos"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_files_fail_start_up_naming_the_file(ctx, files, tmp_path, case):
+    damage, error, words = BROKEN[case]
+    root = _copy(files, tmp_path)
+    damage(root)
+    with pytest.raises(error, match=words) as info:
+        _start(ctx, "broken", **_params(root))
+    assert str(root) in str(info.value) or "does not match" in words
+
+
+def test_database_with_other_dimensions_fails_start_up(ctx, files, tmp_path):
+    """A database built for another model: refused at start-up (not at the first retrieval)."""
+    from heisd_ros.store import make_store
+
+    root = _copy(files, tmp_path)
+    subprocess.run(["rm", "-r", str(root / "db")], check=True)
+    with make_store(StoreConfig(backend="edge", path=str(root / "db")), 96, 128, create=True) as s:
+        s.upsert(_points(2, 96, 128, 384))
+    node = None
+    try:
+        with pytest.raises(DatabaseError, match="obs 96"):
+            node = _start(ctx, "dims", **_params(root))
+    finally:
+        if node is not None:
+            node.destroy_node()
+
+
+@pytest.mark.parametrize("case", ["model weights corrupt", "database metadata corrupt"])
+def test_policy_node_exits_1_with_the_reason(files, tmp_path, case):
+    damage, error, words = BROKEN[case]
+    root = _copy(files, tmp_path)
+    damage(root)
+    args = [f"{k}:={v}" for k, v in _params(root).items()]
+    env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID + 1)}
+    cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", str(REPO / "config" / "policy.yaml")]
+    for a in args:
+        cmd += ["-p", a]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f"cannot start: {error.__name__}" in out and words in out and "Traceback" not in out
+
+
+class Listener:
+    """Records /rosout, commands, stats and diagnostics; publishes the node's inputs."""
+
+    def __init__(self, ctx) -> None:
+        self.node = rclpy.create_node("listener", context=ctx)
+        self.logs, self.commands, self.stats, self.diags = [], [], [], []
+        n = self.node
+        n.create_subscription(Log, "/rosout", self.logs.append, 200)
+        n.create_subscription(msg_mod.ArmCommand, "arm_command", self.commands.append, EVENT_QOS)
+        n.create_subscription(msg_mod.DecodeStats, "decode_stats", self.stats.append, EVENT_QOS)
+        n.create_subscription(DiagnosticArray, "/diagnostics", self.diags.append, EVENT_QOS)
+        self.pub_img = {v: n.create_publisher(Image, f"{v}/image_raw", SENSOR_QOS) for v in ("agentview", "wrist")}
+        self.pub_pose = n.create_publisher(PoseStamped, "ee_pose", SENSOR_QOS)
+        self.pub_instr = n.create_publisher(String, "instruction", LATCHED_QOS)
+        self.executor = SingleThreadedExecutor(context=ctx)
+        self.executor.add_node(n)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+        self.rng = np.random.default_rng(0)
+
+    def publish_set(self, k: int) -> float:
+        t = self.node.get_clock().now().nanoseconds * 1e-9
+        for v, pub in self.pub_img.items():
+            pub.publish(conv.rgb_to_image(self.rng.integers(0, 255, (64, 64, 3), dtype=np.uint8), t, v))
+        self.pub_pose.publish(conv.position_to_pose((0.01 * k, 0.02 * k * k * 0.1, 0.1), t))
+        return t
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=2.0)
+        self.thread.join(2.0)
+        self.node.destroy_node()
+
+    @staticmethod
+    def wait(pred, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and not pred():
+            time.sleep(0.02)
+        return pred()
+
+
+@pytest.fixture
+def listener(ctx):
+    lst = Listener(ctx)
+    yield lst
+    lst.close()
+
+
+@pytest.mark.parametrize("calibration", ["missing", "corrupt"])
+def test_bad_calibration_gives_documented_defaults_and_a_warning_in_the_node_log(ctx, files, tmp_path, listener,
+                                                                                  calibration):  # fmt: skip
+    path = tmp_path / "calibration.json"
+    if calibration == "corrupt":
+        path.write_text('{"fused_metric": {"tau": "high"')
+    node = _start(ctx, f"calib_{calibration}", **_params(files, calibration_path=str(path)))
+    try:
+        assert node._decoder.cfg.fused_metric == FusedMetricConfig()  # the documented defaults
+        assert listener.wait(lambda: any("calibration" in l.msg and "using configured defaults" in l.msg and
+                                         l.name == node.get_name() and l.level == 30 for l in listener.logs), 5.0), \
+            [l.msg for l in listener.logs]  # fmt: skip
+    finally:
+        node.destroy_node()
+
+
+def test_database_outage_mid_run_keeps_commanding_in_drafter_mode_and_recovers(ctx, files, listener, qdrant_server):
+    """Remote database (real qdrant-client path) stops answering while the node runs: commands keep
+    coming (drafter mode, DecodeStats.fallback set, WARN diagnostic, database status ERROR); when
+    the server answers again, retrieval resumes without a restart."""
+    from heisd_ros.store import make_store
+
+    cfg = StoreConfig(backend="remote", url=qdrant_server.url, timeout_s=0.2, reconnect_backoff_s=0.5,
+                      reconnect_max_backoff_s=1.0, task_cache_ttl_s=0.0)  # fmt: skip
+    with make_store(cfg, 128, 128, create=True) as s:
+        s.upsert(_points(6, 128, 128, 384))
+    store = {f"store.{k}": v for k, v in [("backend", "remote"), ("url", cfg.url), ("timeout_s", 0.2),
+                                          ("reconnect_backoff_s", 0.5), ("reconnect_max_backoff_s", 1.0),
+                                          ("task_cache_ttl_s", 0.0)]}  # fmt: skip
+    # watchdog budget 1 s: a step that waits for one request timeout (0.2 s) is still commanded
+    node = _start(ctx, "outage", **_params(files, db_path="", image_staleness_s=1.0, pose_staleness_s=1.0,
+                                          watchdog_factor=10.0, **store))
+    listener.executor.add_node(node)
+    try:
+        listener.pub_instr.publish(String(data=TASK))
+        k = 0
+
+        def run(n_steps: int) -> list:
+            nonlocal k
+            got = []
+            for _ in range(n_steps):
+                k += 1
+                n0 = len(listener.stats)
+                listener.publish_set(k)
+                assert listener.wait(lambda: len(listener.stats) > n0, 5.0), f"no step {k}"
+                got.append(listener.stats[-1])
+                time.sleep(0.12)
+            return got
+
+        assert [s.mode for s in run(4)][-1] == "retrieval"
+        n_cmd, n_diag = len(listener.commands), len(listener.diags)
+        qdrant_server.pause()
+        during = run(4)
+        assert all(s.mode == "drafter" and s.fallback.startswith("database fault") for s in during)
+        assert len(listener.commands) == n_cmd + 4  # every step still commanded
+        statuses = [(st.name, st.level[0], st.message) for d in listener.diags[n_diag:] for st in d.status]
+        assert any(name.endswith(": policy") and lvl == 1 and "without retrieval" in m for name, lvl, m in statuses)
+        assert listener.wait(lambda: any(st.name.endswith(": database") and st.level[0] == 2
+                                         for d in listener.diags[n_diag:] for st in d.status), 3.0)  # fmt: skip
+        qdrant_server.resume()
+        time.sleep(1.2)  # > the longest backoff reached
+        assert run(2)[-1].mode == "retrieval"
+    finally:
+        listener.executor.remove_node(node)
+        node.destroy_node()
