@@ -1,15 +1,21 @@
 """heisd demo: run the policy node on a generated bag and compare decoding methods.
 
 Usage:
-    heisd demo [--model-dir tiny] [--drafter-dir DIR --db-path DIR --calibration-path FILE]
+    heisd demo [--model auto|tiny|DIR] [--drafter-dir DIR --db-path DIR --calibration-path FILE]
+               [--scene auto|synthetic|libero] [--libero-task 0] [--libero-init-state 40]
                [--methods ar,heisd] [--episodes 1] [--steps 30] [--seed 1]
                [--params-file config/policy.yaml] [--out artifacts/demo] [--domain-id N] [--json FILE]
 
 What it does, printing progress as it goes:
-1. with `--model-dir tiny` (the default until a LIBERO model exists): trains the tiny policy,
-   its drafter, demonstration database and calibration once (cached under artifacts/tiny);
-2. writes a synthetic rosbag2 (two camera views, end-effector pose, instruction) of held-out
-   episodes with `heisd_ros.tools.make_bag`;
+1. the policy: `--model auto` (the default) takes the mini LIBERO artifacts of issue 4
+   (artifacts/mini_vla, mini_drafter, mini_db, mini_calibration.json) when all four exist, else the
+   tiny policy, which is trained once with its drafter, database and calibration (cached under
+   artifacts/tiny, about 2-3 minutes the first time);
+2. the input bag: for the mini policy (`--scene libero`), one episode of the scripted expert in
+   LIBERO at an evaluation init state (40-49: in no demonstration, database or training set),
+   recorded once as rosbag2 MCAP on the node's topics and cached under artifacts/demo_bags (about a
+   minute); for the tiny policy (`--scene synthetic`), a synthetic rosbag2 (two camera views,
+   end-effector pose, instruction) of held-out episodes written by `heisd_ros.tools.make_bag`;
 3. replays it with `heisd replay --start-node --fast` once per method: the real policy node, over
    real ROS 2 topics, with the embedded Qdrant database, one decoded step per synchronised set;
 4. prints per-method figures (mode mix, median decode latency, LLM forwards per step, accept
@@ -25,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -32,17 +39,26 @@ from pathlib import Path
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     """What the demo runs."""
 
-    model_dir: str = "tiny"
-    """VLA checkpoint directory, or 'tiny' (built and cached under artifacts/tiny)."""
+    model_dir: str = "auto"
+    """'auto' (the mini artifacts when present, else tiny), 'tiny' (built and cached under
+    artifacts/tiny) or a VLA checkpoint directory."""
     drafter_dir: str = ""
     db_path: str = ""
     calibration_path: str = ""
+    scene: str = "auto"
+    """Input bag: 'synthetic', 'libero' (an expert episode at an evaluation init state) or 'auto'
+    (libero for the mini artifacts, synthetic otherwise)."""
+    libero_suite: str = "libero_object"
+    libero_task: int = 0
+    libero_init_state: int = 40
+    """First evaluation init state tried (the next ones if the expert fails there)."""
     methods: tuple[str, ...] = ("ar", "heisd")
     """Methods replayed side by side on the same bag."""
     episodes: int = 1
@@ -66,6 +82,73 @@ class DemoConfig:
             raise ConfigError("episodes and steps must be >= 1")
         if not self.staleness_s > 0:
             raise ConfigError("staleness_s must be > 0")
+        if self.scene not in ("auto", "synthetic", "libero"):
+            raise ConfigError(f"scene must be auto, synthetic or libero, got {self.scene!r}")
+        if self.libero_init_state not in EVAL_INIT_STATES:
+            raise ConfigError("libero_init_state must be an evaluation init state (40-49)")
+
+
+MINI_ARTIFACTS = {"model_dir": "artifacts/mini_vla", "drafter_dir": "artifacts/mini_drafter",
+                  "db_path": "artifacts/mini_db", "calibration_path": "artifacts/mini_calibration.json"}
+"""Where the issue-4 pipeline (train-vla, train-drafter, build-db, calibrate) writes the mini policy."""
+DEMO_BAGS = Path("artifacts/demo_bags")
+
+
+def mini_artifacts_present(root: Path = Path(".")) -> bool:
+    return (root / MINI_ARTIFACTS["model_dir"] / "config.json").is_file() and all(
+        (root / p).exists() for p in MINI_ARTIFACTS.values())
+
+
+def resolve(cfg: DemoConfig) -> DemoConfig:
+    """Concrete policy paths and scene for `model_dir='auto'` / `scene='auto'`."""
+    if cfg.model_dir == "auto":
+        if mini_artifacts_present():
+            paths = {k: getattr(cfg, k) or v for k, v in MINI_ARTIFACTS.items()}
+            paths["model_dir"] = MINI_ARTIFACTS["model_dir"]
+            cfg = dataclasses.replace(cfg, **paths, scene="libero" if cfg.scene == "auto" else cfg.scene)
+        else:
+            cfg = dataclasses.replace(cfg, model_dir="tiny")
+    if cfg.scene == "auto":
+        cfg = dataclasses.replace(cfg, scene="synthetic")
+    return cfg
+
+
+def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
+    """An expert episode at an evaluation init state as rosbag2 MCAP (recorded once, then cached)."""
+    for k in range(cfg.libero_init_state, max(EVAL_INIT_STATES) + 1):
+        bag = DEMO_BAGS / f"{cfg.libero_suite}_task{cfg.libero_task}_init{k}"
+        if (bag / "metadata.yaml").is_file():
+            return bag, _bag_steps(bag)
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    from heisd_ros.sim.expert import WaypointExpert
+    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_ros.sim.recorder import export_mcap, record_episode
+
+    env = LiberoEnv(LiberoEnvConfig(suite=cfg.libero_suite, task_index=cfg.libero_task))
+    try:
+        for k in range(cfg.libero_init_state, max(EVAL_INIT_STATES) + 1):
+            say(f"      recording the LIBERO expert: {cfg.libero_suite} task {cfg.libero_task}, init state {k}")
+            episode = record_episode(env, WaypointExpert(), k, seed=cfg.seed, max_steps=300)
+            if episode.success:
+                bag = DEMO_BAGS / f"{cfg.libero_suite}_task{cfg.libero_task}_init{k}"
+                tmp = bag.with_name(bag.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                DEMO_BAGS.mkdir(parents=True, exist_ok=True)
+                export_mcap(episode, tmp)
+                tmp.rename(bag)
+                return bag, episode.length
+    finally:
+        env.close()
+    raise HeisdError(f"the expert solved none of init states {cfg.libero_init_state}-49 of task {cfg.libero_task}")
+
+
+def _bag_steps(bag: Path) -> int:
+    import yaml
+
+    meta = yaml.safe_load((bag / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+    counts = {t["topic_metadata"]["name"]: t["message_count"] for t in meta["topics_with_message_count"]}
+    return int(counts.get("/ee_pose", 0))
 
 
 def run(cfg: DemoConfig, say=print) -> dict:
@@ -73,6 +156,7 @@ def run(cfg: DemoConfig, say=print) -> dict:
     from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
 
     t0 = time.monotonic()
+    cfg = resolve(cfg)
     if cfg.model_dir == "tiny":
         from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
         from heisd_ros.policy import DEFAULT_TINY_DIR
@@ -85,9 +169,14 @@ def run(cfg: DemoConfig, say=print) -> dict:
     while run_dir.exists():
         run_dir = run_dir.with_name(run_dir.name + "x")
     run_dir.mkdir(parents=True)
-    bag = run_dir / "input"
-    summary = make_bag(bag, MakeBagConfig(episodes=cfg.episodes, steps=cfg.steps, seed=cfg.seed))
-    say(f"[2/3] synthetic bag: {summary['steps']} steps, two views + pose + instruction -> {bag}")
+    if cfg.scene == "libero":
+        say("[2/3] LIBERO bag: the scripted expert at an evaluation init state (recorded once, cached)")
+        bag, steps = libero_bag(cfg, say)
+        say(f"      {steps} steps, two views + pose + instruction <- {bag}")
+    else:
+        bag = run_dir / "input"
+        summary = make_bag(bag, MakeBagConfig(episodes=cfg.episodes, steps=cfg.steps, seed=cfg.seed))
+        say(f"[2/3] synthetic bag: {summary['steps']} steps, two views + pose + instruction -> {bag}")
     params = [f"model_dir:={cfg.model_dir}", f"image_staleness_s:={cfg.staleness_s}",
               f"pose_staleness_s:={cfg.staleness_s}"]  # fmt: skip
     for name in ("drafter_dir", "db_path", "calibration_path"):
@@ -101,7 +190,7 @@ def run(cfg: DemoConfig, say=print) -> dict:
     rows = result["methods"]
     if "ar" in rows:
         base = rows["ar"]["median_decode_ms"]
-        for m, row in rows.items():
+        for row in rows.values():
             row["speedup_vs_ar"] = base / row["median_decode_ms"] if row["median_decode_ms"] > 0 else float("nan")
         say("speed-up over ar (median decode latency): "
             + ", ".join(f"{m} {r['speedup_vs_ar']:.2f}x" for m, r in rows.items()))  # fmt: skip
@@ -120,7 +209,10 @@ def _parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(DemoConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(d, f.name)
-        if f.name == "methods":
+        if f.name == "model_dir":
+            p.add_argument("--model", flag, dest="model_dir", default=default,
+                           help="'auto' (mini artifacts if present, else tiny), 'tiny' or a model directory")
+        elif f.name == "methods":
             p.add_argument(flag, default=",".join(default), help=f"comma-separated, from {', '.join(METHODS)}")
         else:
             p.add_argument(flag, type=type(default), default=default, help=f"(default {default!r})")
