@@ -162,7 +162,8 @@ def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, A
         "skip_rate": modes.get("skip", 0) / n if n else math.nan,
         "fallback_steps": sum(1 for s in steps if s.get("fallback")),
         "median_sim_step_ms": float(np.median([s["sim_ms"] for s in steps])) if n else math.nan,
-        "mean_episode_wall_s": float(np.mean([e["wall_s"] for e in episodes])) if episodes else math.nan,
+        "mean_episode_cost_s": (sum(s["ms"]["total"] + s["sim_ms"] for s in steps) / 1e3 / len(episodes)
+                                if episodes else math.nan),
         "lossless": method in LOSSLESS,
     }
 
