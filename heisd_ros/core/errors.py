@@ -42,3 +42,7 @@ class EmptyDatabaseError(DatabaseError):
 
 class CalibrationError(HeisdError):
     """A calibration file is unreadable or inconsistent."""
+
+
+class DataFileError(HeisdError):
+    """An input data file (demonstration HDF5, rosbag2) is malformed or unsafe to read."""

@@ -218,7 +218,8 @@ def pose_to_position(msg: Any, quat_norm_tol: float = 0.05) -> np.ndarray:
     quat = np.array([q.x, q.y, q.z, q.w], dtype=np.float64)
     if not np.all(np.isfinite(quat)):
         raise InvalidObservationError(f"end-effector orientation is not finite: {quat.tolist()}")
-    norm = float(np.linalg.norm(quat))
+    with np.errstate(over="ignore"):  # a huge component gives an infinite norm, rejected below
+        norm = float(np.linalg.norm(quat))
     if abs(norm - 1.0) > quat_norm_tol:
         raise InvalidObservationError(f"end-effector quaternion norm {norm:.4f} is not 1 (tolerance {quat_norm_tol})")
     return position

@@ -139,14 +139,37 @@ class BagMessage:
     """The last image of a synchronised set: lockstep waits after publishing it."""
 
 
-def read_bag(path: str | Path, remap: dict[str, str], slop_s: float) -> tuple[list[BagMessage], int]:
-    """The bag's input messages in recorded order, with synchronised steps marked; and the step count."""
-    from rosbags.highlevel import AnyReader
-
-    from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
+def _bag_errors() -> tuple[type[BaseException], ...]:
+    """What rosbags raises for a damaged bag. It has no common base: besides its own errors, corrupt
+    metadata, storage or CDR surface as decoding, lookup, struct and SQLite errors."""
+    import sqlite3
+    import struct
 
     from rosbags.highlevel import AnyReaderError
     from rosbags.rosbag2 import ReaderError
+    from rosbags.serde import SerdeError
+
+    errors: list[type[BaseException]] = [AnyReaderError, ReaderError, SerdeError, OSError, ValueError, KeyError,
+                                         IndexError, TypeError, struct.error, sqlite3.Error]  # fmt: skip
+    try:
+        import apsw  # rosbags' SQLite binding
+
+        errors.append(apsw.Error)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def read_bag(path: str | Path, remap: dict[str, str], slop_s: float) -> tuple[list[BagMessage], int]:
+    """The bag's input messages in recorded order, with synchronised steps marked; and the step count.
+
+    A bag is untrusted input: every message is deserialised here, before anything is published (a
+    malformed message must fail the replay with the reason, never reach the node), and any damage to
+    the metadata, the storage file or a message raises ConfigError naming the bag.
+    """
+    from rosbags.highlevel import AnyReader
+
+    from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
 
     ts = typestore()
     out: list[BagMessage] = []
@@ -158,13 +181,18 @@ def read_bag(path: str | Path, remap: dict[str, str], slop_s: float) -> tuple[li
             if not conns:
                 raise ConfigError(f"{path}: no image/pose/instruction/episode-result topics ({INPUT_TYPES})")
             for conn, t_ns, raw in reader.messages(connections=conns):
+                msg = reader.deserialize(raw, conn.msgtype)
                 stamp = None
                 if conn.msgtype not in ("std_msgs/msg/String", "std_msgs/msg/Bool"):
-                    h = reader.deserialize(raw, conn.msgtype).header.stamp
+                    h = msg.header.stamp
+                    if not 0 <= h.nanosec < 1_000_000_000:
+                        raise ConfigError(f"bag {path}: {conn.topic} has a header stamp with nanosec {h.nanosec}")
                     stamp = h.sec * 1_000_000_000 + h.nanosec
                 out.append(BagMessage(remap.get(conn.topic, conn.topic), conn.msgtype, t_ns, bytes(raw), stamp))
-    except (AnyReaderError, ReaderError, OSError) as err:
-        raise ConfigError(f"cannot read bag {path}: {err}") from err
+    except ConfigError:
+        raise
+    except _bag_errors() as err:
+        raise ConfigError(f"cannot read bag {path}: {type(err).__name__}: {err}") from err
     views = tuple(sorted({m.topic for m in out if m.msgtype in IMAGE_TYPES}))
     steps = 0
     if views:

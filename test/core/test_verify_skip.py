@@ -333,3 +333,43 @@ def test_calibration_rejects_bad_input():
         calibrate_thresholds(np.array([math.nan]), np.ones(1), np.ones(1, dtype=bool))
     with pytest.raises(ValueError):
         calibrate_thresholds(np.ones(3), np.ones(3), np.ones(3, dtype=bool), target_pass_rate=0.0)
+
+
+# --- the N_max safety bound as a property -------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_vec = st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=2, max_size=2)
+_hit = st.builds(lambda f, p, g: make_hit(feat_prev=np.array(f) + 1e-3, ee_pos=p, gripper=g), _vec,
+                 st.tuples(*[st.floats(-0.05, 0.05, allow_nan=False)] * 3), st.sampled_from([GRIP, GRIP - 1]))  # fmt: skip
+_op = st.one_of(
+    st.tuples(st.just("step"), st.lists(_hit, min_size=1, max_size=4), st.one_of(st.none(), _vec),
+              st.sampled_from([None, GRIP, GRIP - 1])),
+    st.tuples(st.just("feedback"), st.booleans()),
+    st.tuples(st.just("reset")),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_max=st.integers(0, 6), min_s=st.floats(-1.0, 1.0), o_dist=st.floats(0.0, 0.2), ops=st.lists(_op, max_size=60))
+def test_consecutive_skips_never_exceed_n_max(n_max, min_s, o_dist, ops):
+    """Whatever the hits, live features, thresholds, feedback and resets, no run of skips is longer
+    than N_max: the engine's loop (decide over the Top-K hits, then record) can never break the bound."""
+    policy = VerifySkipPolicy(VerifySkipConfig(
+        min_similarity=min_s, max_distance_m=o_dist, max_consecutive_skips=n_max, feedback_step=0.3,
+        min_similarity_bounds=(-1.0, 1.0), max_distance_bounds_m=(0.0, 0.2)))  # fmt: skip
+    run = 0
+    for op in ops:
+        if op[0] == "reset":
+            policy.reset_episode()
+            run = 0
+        elif op[0] == "feedback":
+            policy.feedback(op[1])
+        else:
+            _, hits, f_live, last_grip = op
+            f = None if f_live is None else np.array(f_live) + 1e-3
+            skipped = any(policy.decide(f, h, EE, last_grip).skip for h in hits)
+            policy.record(skipped)
+            run = run + 1 if skipped else 0
+            assert run <= n_max and policy.consecutive_skips == run

@@ -245,3 +245,52 @@ def test_arm_command_and_stats():
     ds = conv.to_decode_stats(stats, 4.5, "base_link", 3)
     assert ds.total_ms == pytest.approx(12.5) and list(ds.tokens_per_forward) == [7]
     assert ds.accept_length == pytest.approx(7.0) and math.isnan(ds.fused_metric)
+
+
+# --- fuzzing: poses, whole messages, actions ------------------------------------------------------
+
+_any_float = st.floats(allow_nan=True, allow_infinity=True, width=64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(position=st.tuples(_any_float, _any_float, _any_float), quat=st.tuples(_any_float, _any_float, _any_float, _any_float),
+       tol=st.floats(0.001, 0.999))  # fmt: skip
+def test_random_poses_give_a_finite_position_or_a_clear_error(position, quat, tol):
+    msg = PoseStamped()
+    p, q = msg.pose.position, msg.pose.orientation
+    p.x, p.y, p.z = position
+    q.x, q.y, q.z, q.w = quat
+    try:
+        out = conv.pose_to_position(msg, tol)
+    except InvalidObservationError:
+        return
+    assert out.shape == (3,) and np.all(np.isfinite(out)) and out.tolist() == list(position)
+    assert abs(math.sqrt(sum(v * v for v in quat)) - 1.0) <= tol + 1e-12
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    height=st.integers(0, 12), width=st.integers(0, 12), step=st.integers(0, 60),
+    encoding=st.sampled_from(conv.SUPPORTED_ENCODINGS + ("bayer_rggb8", "RGB8", "rgb8 ", "32FC1")),
+    data=st.binary(max_size=500), bigendian=st.integers(0, 1),
+    expected=st.one_of(st.none(), st.tuples(st.integers(1, 12), st.integers(1, 12))),
+)  # fmt: skip
+def test_random_image_messages_never_crash(height, width, step, encoding, data, bigendian, expected):
+    msg = Image(height=height, width=width, step=step, encoding=encoding, is_bigendian=bigendian, data=data)
+    try:
+        out = conv.msg_to_rgb(msg, expected)
+    except InvalidObservationError:
+        return
+    assert out.shape == (height, width, 3) and out.dtype == np.uint8 and out.flags.c_contiguous
+    assert expected is None or out.shape[:2] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(action=st.lists(_any_float, min_size=0, max_size=9), bound=st.lists(st.floats(1e-6, 1e6), min_size=7, max_size=7))
+def test_random_actions_are_rejected_or_clipped_within_bounds(action, bound):
+    try:
+        a = conv.check_action(np.array(action, dtype=np.float64))
+    except InvalidObservationError:
+        return
+    clipped = conv.clip_action(a, bound)
+    assert np.all(np.isfinite(clipped)) and np.all(np.abs(clipped) <= np.array(bound))

@@ -171,3 +171,76 @@ def test_cli_rejects_bad_arguments(bag, tmp_path, capsys):
     assert rp.main([str(bag), "--method", "ar", "--method", "heisd", "--out", str(tmp_path / "x")]) == 2
     assert "several methods need --start-node" in capsys.readouterr().err
     assert rp.main([str(tmp_path / "missing"), "--start-node", "--params-file", "nope.yaml"]) == 2
+
+
+# --- untrusted bags: random and damaged files give a clear error, never a crash -------------------
+
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_bags(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    out = {}
+    for storage in ("mcap", "sqlite3"):
+        make_bag(root / storage, MakeBagConfig(steps=2, storage=storage, seed=6))
+        out[storage] = root / storage
+    return out
+
+
+def _read_damaged(src: Path, damage) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        bag = Path(tmp) / "bag"
+        shutil.copytree(src, bag)
+        damage(bag)
+        try:
+            messages, steps = rp.read_bag(bag, {}, 0.05)
+        except ConfigError as err:
+            assert str(bag) in str(err)
+            return
+        assert steps <= 2 and all(m.topic.startswith("/") for m in messages)
+
+
+def _data_file(bag: Path) -> Path:
+    return next(p for p in bag.iterdir() if p.name != "metadata.yaml")
+
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(storage=st.sampled_from(["mcap", "sqlite3"]), frac=st.floats(0.0, 1.0))
+def test_truncated_bag_is_a_clear_error(small_bags, storage, frac):
+    def cut(bag):
+        f = _data_file(bag)
+        raw = f.read_bytes()
+        f.write_bytes(raw[: int(frac * len(raw))])
+
+    _read_damaged(small_bags[storage], cut)
+
+
+@FUZZ
+@given(storage=st.sampled_from(["mcap", "sqlite3"]), flips=st.lists(st.tuples(st.floats(0.0, 0.9999), st.integers(0, 255)),
+                                                                   min_size=1, max_size=30))  # fmt: skip
+def test_corrupted_bag_bytes_are_a_clear_error(small_bags, storage, flips):
+    def flip(bag):
+        f = _data_file(bag)
+        raw = bytearray(f.read_bytes())
+        for pos, value in flips:
+            raw[int(pos * len(raw))] = value
+        f.write_bytes(bytes(raw))
+
+    _read_damaged(small_bags[storage], flip)
+
+
+@FUZZ
+@given(storage=st.sampled_from(["mcap", "sqlite3"]), junk=st.binary(max_size=300), where=st.sampled_from(["data", "metadata"]))
+def test_random_bag_files_are_a_clear_error(small_bags, storage, junk, where):
+    def replace(bag):
+        (_data_file(bag) if where == "data" else bag / "metadata.yaml").write_bytes(junk)
+
+    _read_damaged(small_bags[storage], replace)
