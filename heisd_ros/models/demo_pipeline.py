@@ -1,0 +1,237 @@
+"""From demonstration episodes to training examples, database points and live features.
+
+Shared by `heisd train-vla`, `train-drafter`, `build-db` and `calibrate` (the mini VLA on LIBERO
+demos); `tiny_artifacts` does the same for synthetic data in memory.
+
+- `FeatureCache`: the frozen vision backbone's patch features of the primary view, computed once
+  per demo step and kept on disk (fp16 .npy per episode), so training runs projector + LLM only.
+- `episode_examples`: `Example`s (cached patches, the demo's OpenVLA action tokens).
+- `token_accuracy`: teacher-forced top-1 accuracy of the VLA on examples.
+- `episode_points`: `DemoPoint`s of one episode (obs = `embed_views` over all views; feat /
+  feat_prev by teacher-forcing the demo's own tokens).
+- `live_features`: the VLA's own live feature f_live per step (the mean lm_head input of its
+  greedy AR decoding, as the engine computes it), for calibrating verify-skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from heisd_ros.core.action_tokenizer import NormStats
+from heisd_ros.core.engine import embed_views
+from heisd_ros.core.types import ACTION_DIM
+from heisd_ros.models.libero_data import VIEWS, DemoEpisode, EpisodeRef, load_episode
+from heisd_ros.models.training import Example, action_logits, greedy_decode, teacher_forced
+
+
+def model_fingerprint(vla) -> str:
+    """Short hash of the vision backbone's weights and input size (the cache is only valid for them)."""
+    h = hashlib.sha256(f"{vla.cfg.vision}:{vla.cfg.image_size}:{vla.cfg.patch_size}".encode())
+    for name, t in sorted(vla.vision_backbone.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes()[:4096])
+    return h.hexdigest()[:12]
+
+
+class FeatureCache:
+    """Patch features [T, N, C] (fp16) of an episode's primary view, under `<directory>/<fingerprint>/`."""
+
+    def __init__(self, directory: str | Path, vla, batch_size: int = 32) -> None:
+        self.vla = vla
+        self.dir = Path(directory) / model_fingerprint(vla)
+        self.batch_size = batch_size
+        self.computed = 0
+        self.hits = 0
+
+    def path(self, ref: EpisodeRef) -> Path:
+        return self.dir / f"{ref.key}.npy"
+
+    def get(self, ref: EpisodeRef, episode: DemoEpisode | None = None) -> np.ndarray:
+        p = self.path(ref)
+        if p.is_file():
+            arr = np.load(p, mmap_mode="r")
+            if ref.length < 0 or arr.shape[0] == ref.length:
+                self.hits += 1
+                return np.asarray(arr)
+        episode = episode or load_episode(ref)
+        feats = primary_features(self.vla, episode.images[VIEWS[0]], self.batch_size)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + f".{os.getpid()}.tmp.npy")
+        np.save(tmp, feats)
+        tmp.replace(p)
+        self.computed += 1
+        return feats
+
+
+def primary_features(vla, images: np.ndarray, batch_size: int = 32) -> np.ndarray:
+    """[T, H, W, 3] uint8 -> backbone patch features [T, N, C] float16 (the model's own preprocess)."""
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(images), batch_size):
+            out.append(vla.vision_backbone(vla.preprocess(list(images[s : s + batch_size]))).float().cpu().numpy())
+    return np.concatenate(out).astype(np.float16)
+
+
+def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
+    """Raw actions [T, 7] -> OpenVLA action tokens [T, 7] (q01/q99 normalisation, 256 bins)."""
+    return vla.action_tokenizer.encode(stats.normalise(actions))
+
+
+def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache) -> list[Example]:
+    """One Example per step of the episode, with cached primary-view patches and the demo's tokens."""
+    cached = ref.kind == "hdf5" and cache.path(ref).is_file()
+    episode = load_episode(ref, with_images=not cached)
+    feats = cache.get(ref, None if cached else episode)
+    tokens = episode_tokens(vla, stats, episode.actions)
+    if len(feats) != len(tokens):
+        raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
+    return [Example([], episode.instruction, tokens[t], feats[t]) for t in range(len(tokens))]
+
+
+def token_accuracy(vla, examples: Sequence[Example], batch_size: int = 64) -> dict:
+    """Teacher-forced top-1 accuracy on the 7 action tokens (per dimension and overall), the share
+    of steps with all 7 right, and the mean |bin error|."""
+    first = vla.action_tokenizer.first_token_id
+    correct, bin_err = [], []
+    with torch.inference_mode():
+        for batch in _same_instruction_batches(examples, batch_size):
+            hidden, _, p = teacher_forced(vla, batch)
+            pred = action_logits(vla, hidden[:, p - 1 : p - 1 + ACTION_DIM]).argmax(-1).cpu().numpy() + first
+            target = np.stack([ex.tokens for ex in batch])
+            correct.append(pred == target)
+            bin_err.append(np.abs(pred - target))
+    if not correct:
+        return {"n_steps": 0}
+    ok = np.concatenate(correct)
+    err = np.concatenate(bin_err)
+    return {
+        "n_steps": int(len(ok)),
+        "token_accuracy": float(ok.mean()),
+        "per_dim_accuracy": [float(x) for x in ok.mean(0)],
+        "all_7_correct": float(ok.all(1).mean()),
+        "mean_abs_bin_error": float(err.mean()),
+        "within_15_bins": float((err <= 15).mean()),
+    }
+
+
+def _same_instruction_batches(examples: Sequence[Example], batch_size: int):
+    by_instruction: dict[str, list[Example]] = {}
+    for ex in examples:
+        by_instruction.setdefault(ex.instruction, []).append(ex)
+    for group in by_instruction.values():
+        for s in range(0, len(group), batch_size):
+            yield group[s : s + batch_size]
+
+
+def action_features(vla, examples: Sequence[Example], batch_size: int = 64) -> np.ndarray:
+    """Mean lm_head input over the 7 action positions [len(examples), D], teacher-forcing each
+    example's tokens (DESIGN §4 `feat`), in input order."""
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(examples), batch_size):
+            batch = list(examples[s : s + batch_size])
+            groups: dict[str, list[int]] = {}
+            for i, ex in enumerate(batch):
+                groups.setdefault(ex.instruction, []).append(i)
+            feats = np.empty((len(batch), vla.hidden_size), np.float32)
+            for idx in groups.values():
+                hidden, _, p = teacher_forced(vla, [batch[i] for i in idx])
+                feats[idx] = hidden[:, p - 1 : p - 1 + ACTION_DIM].float().mean(1).cpu().numpy()
+            out.append(feats)
+    return np.concatenate(out) if out else np.zeros((0, vla.hidden_size), np.float32)
+
+
+def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int = 64) -> list:
+    """DemoPoints of one episode: obs from all views (`embed_views`, exactly the live query),
+    feat / feat_prev by teacher-forcing the demo's own action tokens, the payload of DESIGN §4."""
+    from heisd_ros.store.schema import DemoPoint
+
+    tokens = episode_tokens(vla, stats, episode.actions)
+    queries, examples = [], []
+    with torch.inference_mode():
+        for t in range(episode.length):
+            query, patches = embed_views(vla, episode.views(t))
+            queries.append(query)
+            examples.append(Example([], episode.instruction, tokens[t], patches[0]))
+    feats = action_features(vla, examples, batch_size)
+    points = []
+    for t in range(episode.length):
+        points.append(DemoPoint(
+            dataset=episode.dataset, task=episode.task, instruction=episode.instruction, episode=episode.episode,
+            step=t, obs=queries[t], feat=feats[t], feat_prev=feats[max(t - 1, 0)],
+            action=stats.unnormalise(vla.action_tokenizer.decode(tokens[t])),
+            action_tokens=tuple(int(x) for x in tokens[t]), ee_pos=episode.ee_pos[t],
+            next_actions=episode.actions[t + 1 : t + 4], success=episode.success,
+        ))
+    return points
+
+
+def live_features(vla, examples: Sequence[Example], batch_size: int = 64) -> np.ndarray:
+    """f_live per example [len(examples), D]: the mean lm_head input over the 7 positions when the
+    VLA decodes greedily (KV-cached AR, as the engine's `ar` method computes it)."""
+    return greedy_decode(vla, list(examples), batch_size=batch_size, use_cache=True)[1]
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(p)
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True):
+    """A tqdm bar on stderr (silent when not enabled)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+
+
+def held_out_split(refs: Sequence[EpisodeRef], model_dir: str | Path, val_fraction: float, seed: int):
+    """(train, held-out) refs: the episodes `train_log.json` of the model held out when it exists
+    (so the drafter and its acceptance figures never see the VLA's held-out episodes), else a
+    fresh seeded split."""
+    from heisd_ros.models.libero_data import split_episodes
+
+    log_path = Path(model_dir) / "train_log.json"
+    if log_path.is_file():
+        held = set(json.loads(log_path.read_text()).get("episodes", {}).get("held_out_sources", []))
+        if held:
+            val = [r for r in refs if f"{Path(r.path).name}:{r.demo}" in held]
+            return [r for r in refs if r not in val], val
+    return split_episodes(refs, val_fraction, seed)
+
+
+def load_examples(vla, refs: Sequence[EpisodeRef], cache: FeatureCache, desc: str, progress: bool = True) -> list[Example]:
+    """Examples (cached patches, the demo's tokens) of all steps of `refs`, in order."""
+    stats = vla.stats()
+    out: list[Example] = []
+    bar = progress_bar(len(refs), desc, progress)
+    for r in refs:
+        out.extend(episode_examples(vla, stats, r, cache))
+        bar.update(1)
+    bar.close()
+    return out
+
+
+def collect_refs(demos: str = "", bags: str = "", dataset: str = "") -> list[EpisodeRef]:
+    """Episodes of LIBERO HDF5 files (`demos`) and rosbag2 recordings (`bags`), named as
+    `heisd build-db` names them: dataset = `dataset`, else the HDF5 'suite' attribute, else
+    '<parent of the bags dir>_bags'."""
+    import dataclasses
+
+    from heisd_ros.models.libero_data import scan_bags, scan_hdf5
+
+    refs: list[EpisodeRef] = []
+    if demos:
+        refs += [dataclasses.replace(r, dataset=dataset) if dataset else r for r in scan_hdf5(demos)]
+    if bags:
+        refs += scan_bags(bags, dataset or f"{Path(bags).resolve().parent.name}_bags")
+    return refs

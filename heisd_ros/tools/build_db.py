@@ -1,0 +1,203 @@
+"""`heisd build-db`: the demonstration database of a VLA, in embedded Qdrant (DESIGN §4, issue 4.4).
+
+Usage:
+    heisd build-db --model artifacts/mini_vla --demos artifacts/demos/libero_object --out artifacts/mini_db
+    heisd build-db --model artifacts/mini_vla --bags artifacts/demos/libero_object/bags --out artifacts/mini_db_bags
+        [--dataset NAME] [--collection heisd_demos] [--fresh] [--latency-queries 200] [--threads 1]
+
+One point per demo step: `obs` = the VLA's own backbone over both views (`embed_views`, the very
+function the live query uses), `feat` / `feat_prev` = the mean lm_head input over the 7 action
+positions when the demo's own action tokens are teacher-forced (this step / the previous one),
+the payload of DESIGN §4, and the instruction as the task partition.
+
+Sources: LIBERO-layout HDF5 files (`--demos`) and/or rosbag2 recordings (`--bags`: every
+directory holding a metadata.yaml below it; topics /agentview/image_raw, /wrist/image_raw,
+/ee_pose, /instruction, /arm_command, paired by header stamp). Give one source per set of
+episodes: the same episode from both would be stored twice under different ids.
+
+Idempotent (point id = hash of dataset/episode/step) and resumable: `<out>/build_db_manifest.json`
+records the model and the episodes already stored, so a killed run continues where it stopped;
+a different model re-embeds everything; `--fresh` deletes the database first. Ends with
+`optimize()` (Edge indexes only on request) and a Top-K latency measurement (task-filtered, on
+stored queries); the report goes to `<out>/build_db_report.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heisd_ros.core.errors import ConfigError
+
+MANIFEST = "build_db_manifest.json"
+REPORT = "build_db_report.json"
+
+
+@dataclass(frozen=True)
+class BuildDbConfig:
+    model: str = "artifacts/mini_vla"
+    demos: str = ""
+    bags: str = ""
+    out: str = "artifacts/mini_db"
+    dataset: str = ""
+    """Dataset name in point ids ('' = the HDF5 'suite' attribute; '<bags dir>_bags' for bags)."""
+    collection: str = "heisd_demos"
+    fresh: bool = False
+    latency_queries: int = 200
+    top_k: int = 5
+    batch_size: int = 64
+    threads: int = 1
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.demos and not self.bags:
+            raise ConfigError("give --demos (LIBERO HDF5) and/or --bags (rosbag2 recordings)")
+        if self.latency_queries < 0 or self.top_k < 1 or self.batch_size < 1 or self.threads < 1:
+            raise ConfigError("latency_queries >= 0, top_k, batch_size and threads >= 1")
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """sha256 (first 16 hex) of the model's weights and statistics: the DB is valid only for them."""
+    h = hashlib.sha256()
+    for name in ("config.json", "dataset_statistics.json", "model.safetensors"):
+        p = Path(model_dir) / name
+        if p.is_file():
+            with p.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def search_latency(store, n_queries: int, top_k: int, seed: int) -> dict:
+    """Top-k task-filtered query latency (ms) over `n_queries` stored obs vectors as queries."""
+    if n_queries == 0:
+        return {}
+    n = store.count()
+    rng = np.random.default_rng(seed)
+    wanted = set(rng.choice(n, min(n_queries, n), replace=False).tolist())
+    points = [p for i, p in enumerate(store.scroll()) if i in wanted]
+    rng.shuffle(points)
+    for p in points[:5]:  # warm-up
+        store.search(p.obs, p.task, top_k)
+    ms, self_hit = [], []
+    for p in points:
+        t = time.perf_counter()
+        hits = store.search(p.obs, p.task, top_k)
+        ms.append((time.perf_counter() - t) * 1e3)
+        self_hit.append(bool(hits) and hits[0].episode == p.episode and hits[0].step == p.step)
+    return {"queries": len(ms), "top_k": top_k, "median_ms": float(np.median(ms)), "p95_ms": float(np.percentile(ms, 95)),
+            "mean_ms": float(np.mean(ms)), "self_is_top1": float(np.mean(self_hit))}
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(path)
+
+
+def run(cfg: BuildDbConfig) -> dict:
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.models.demo_pipeline import collect_refs, episode_points, progress_bar, write_json
+    from heisd_ros.models.libero_data import load_episode
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.tools.gen_demos import git_revision
+
+    torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    out = Path(cfg.out)
+    if cfg.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vla = load_vla(cfg.model)
+    stats = vla.stats()
+    digest = model_digest(cfg.model)
+    manifest_path = out / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    if manifest.get("model_digest") != digest:
+        manifest = {"model": str(cfg.model), "model_digest": digest, "done": {}}
+    refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset)
+    obs_dim = vla.vision_backbone.out_dim * 2
+    store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
+                       obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)
+    written = skipped = 0
+    t_embed = time.perf_counter()
+    try:
+        bar = progress_bar(len(refs), "build-db", cfg.progress)
+        for ref in refs:
+            key = f"{ref.dataset}/{ref.episode}"
+            if key in manifest["done"]:
+                skipped += 1
+            else:
+                points = episode_points(vla, stats, load_episode(ref), cfg.batch_size)
+                store.upsert(points)
+                manifest["done"][key] = len(points)
+                _write_manifest(manifest_path, manifest)
+                written += len(points)
+            bar.update(1)
+            bar.set_postfix(points=store.count())
+        bar.close()
+        embed_s = time.perf_counter() - t_embed
+        t_opt = time.perf_counter()
+        store.optimize()
+        optimize_s = time.perf_counter() - t_opt
+        tasks = {task: store.count(task) for task in store.tasks()}
+        latency = search_latency(store, cfg.latency_queries, cfg.top_k, cfg.seed)
+        total = store.count()
+    finally:
+        store.close()
+    size_mb = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
+    report = {
+        "command": "heisd build-db",
+        "config": dataclasses.asdict(cfg),
+        "git_revision": git_revision(),
+        "threads": cfg.threads,
+        "model_digest": digest,
+        "episodes": len(refs), "episodes_skipped_as_done": skipped, "points_written": written,
+        "points": total, "tasks": tasks, "obs_dim": obs_dim, "feat_dim": vla.hidden_size,
+        "disk_mb": size_mb,
+        "search_latency": latency,
+        "seconds": {"embed": embed_s, "optimize": optimize_s, "total": time.perf_counter() - t0},
+    }
+    write_json(out / REPORT, report)
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = BuildDbConfig(demos="x")
+    p = argparse.ArgumentParser(prog="heisd build-db", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=d.model, help="VLA directory (heisd train-vla --out)")
+    p.add_argument("--demos", default="", help="directory of LIBERO-layout *.hdf5 files (or one file)")
+    p.add_argument("--bags", default="", help="directory with rosbag2 recordings below it")
+    p.add_argument("--out", default=d.out, help="database directory (embedded Qdrant Edge)")
+    p.add_argument("--dataset", default="", help="dataset name in the point ids (default: from the source)")
+    p.add_argument("--collection", default=d.collection)
+    p.add_argument("--fresh", action="store_true", help="delete an existing database at --out first")
+    p.add_argument("--latency-queries", type=int, default=d.latency_queries)
+    p.add_argument("--top-k", type=int, default=d.top_k)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = BuildDbConfig(**vars(build_parser().parse_args(argv)))
+    r = run(cfg)
+    lat = r["search_latency"]
+    lat_s = f", Top-{lat['top_k']} median {lat['median_ms']:.2f} ms / p95 {lat['p95_ms']:.2f} ms" if lat else ""
+    print(f"build-db: {r['points']} points, {len(r['tasks'])} tasks, {r['disk_mb']:.0f} MB{lat_s}, "
+          f"{r['seconds']['total']:.0f} s -> {cfg.out}")
+    return 0

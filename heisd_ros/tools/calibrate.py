@@ -1,0 +1,214 @@
+"""`heisd calibrate`: fused-metric normalisation and tau, verify-skip min_S and O_dist (DESIGN §5, §6).
+
+Usage:
+    heisd calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos artifacts/demos/libero_object \
+        --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR] [--dataset NAME]
+        [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1]
+
+Reads every point of the database (`heisd build-db --out`) and runs
+`heisd_ros.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
+mean lm_head input of the VLA's own greedy AR decoding of the previous step (what the online
+verify-skip rule compares against a hit's `feat_prev`). Those need the demos' images (through the
+train-vla feature cache): pass the same `--demos` / `--bags` / `--dataset` as to build-db.
+
+Writes the calibration file the node loads (`apply_calibration`), and with `--plots DIR` (needs
+matplotlib): `skip_similarity_distance.png` (similarity vs distance of retrieval pairs, pass rate
+per similarity bin, min_S and O_dist) and `fused_metric_pass_fail.png` (F of steps where one of the
+Top-K retrieval drafts passes the sequence-relaxed check vs where all fail, and tau).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heisd_ros.core.errors import CalibrationError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    model: str = "artifacts/mini_vla"
+    db: str = "artifacts/mini_db"
+    demos: str = ""
+    bags: str = ""
+    dataset: str = ""
+    out: str = "artifacts/mini_calibration.json"
+    plots: str = ""
+    collection: str = "heisd_demos"
+    cache_dir: str = ""
+    """Feature cache of train-vla (default: <model>_features)."""
+    neighbours: int = 5
+    max_points: int = 4000
+    seed: int = 0
+    threads: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.neighbours < 1 or self.max_points < 1 or self.threads < 1:
+            raise ConfigError("neighbours, max_points and threads must be >= 1")
+
+
+def live_prev_features(vla, points: list, refs: list, cache, progress: bool) -> dict:
+    """{(task, episode, step): the VLA's live feature at step - 1} for the episodes in `points`."""
+    from heisd_ros.models.demo_pipeline import episode_examples, live_features, progress_bar
+
+    stored = {(p.dataset, p.episode) for p in points}
+    wanted = [r for r in refs if (r.dataset, r.episode) in stored]
+    out = {}
+    bar = progress_bar(len(wanted), "live features", progress)
+    for ref in wanted:
+        examples = episode_examples(vla, vla.stats(), ref, cache)
+        feats = live_features(vla, examples)
+        task = examples[0].instruction
+        for t in range(1, len(examples)):
+            out[(task, ref.episode, t)] = feats[t - 1]
+        bar.update(1)
+    bar.close()
+    return out
+
+
+def write_plots(calib: dict, directory: str | Path) -> list[str]:
+    """The two calibration plots as PNG under `directory`; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    meta, skip, fused = calib["meta"], calib["verify_skip"], calib["fused_metric"]
+    curve = meta["skip_curve"]
+    edges = np.asarray(curve["bin_edges"])
+    centres = 0.5 * (edges[:-1] + edges[1:])
+    count = np.asarray(curve["count"], float)
+    mean_d = np.asarray(curve["mean_distance_m"], float)
+    rate = np.asarray(curve["pass_rate"], float)
+    ok = count > 0
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    sc = ax1.scatter(centres[ok], mean_d[ok], c=rate[ok], s=20 + 180 * count[ok] / count.max(), cmap="RdYlGn",
+                     vmin=0, vmax=1, edgecolors="k", linewidths=0.4)
+    fig.colorbar(sc, ax=ax1, label="pass rate (sequence-relaxed)")
+    ax1.set_xlabel("similarity S = cos(f_live, feat_prev)")
+    ax1.set_ylabel("mean end-effector distance d (m)")
+    ax1.set_title("retrieval pairs: similarity vs distance\n(marker size = pairs in bin)")
+    ax2.plot(centres[ok], rate[ok], "o-", color="C0", label="pass rate per bin")
+    ax2.axhline(0.95, color="grey", ls=":", label="95% target")
+    ax2.set_ylim(-0.02, 1.02)
+    ax2.set_xlabel("similarity S")
+    ax2.set_ylabel("pass rate")
+    ax2.set_title("verify-skip calibration")
+    for ax in (ax1, ax2):
+        if skip.get("enabled"):
+            ax.axvline(skip["min_similarity"], color="C3", ls="--", label=f"min_S = {skip['min_similarity']:.3f}")
+    if skip.get("enabled"):
+        ax1.axhline(skip["max_distance_m"], color="C1", ls="--", label=f"O_dist = {skip['max_distance_m'] * 100:.1f} cm")
+    if ax1.get_legend_handles_labels()[0]:
+        ax1.legend(loc="best", fontsize=8)
+    ax2.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    p1 = d / "skip_similarity_distance.png"
+    fig.savefig(p1, dpi=110)
+    plt.close(fig)
+
+    f = np.asarray(meta["retrieval_pass_rate_by_f"]["f"], float)
+    passed = np.asarray(meta["retrieval_pass_rate_by_f"]["passed"], bool)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    bins = np.linspace(0, max(1.0, float(f.max()) if f.size else 1.0), 31)
+    ax.hist(f[passed], bins=bins, alpha=0.6, color="C2", label=f"a Top-K draft passes ({passed.sum()})")
+    ax.hist(f[~passed], bins=bins, alpha=0.6, color="C3", label=f"all Top-K drafts fail ({(~passed).sum()})")
+    ax.axvline(fused["tau"], color="k", ls="--", label=f"tau = {fused['tau']:.3f}")
+    ax.set_xlabel("fused metric F (retrieval mode when F >= tau)")
+    ax.set_ylabel("steps")
+    ax.set_title("F for passing vs failing retrieval drafts (leave-one-episode-out)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p2 = d / "fused_metric_pass_fail.png"
+    fig.savefig(p2, dpi=110)
+    plt.close(fig)
+    return [str(p1), str(p2)]
+
+
+def run(cfg: CalibrateConfig) -> dict:
+    from heisd_ros.calibration import apply_calibration, calibrate, save_calibration
+    from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
+    from heisd_ros.models.demo_pipeline import FeatureCache, collect_refs
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.tools.gen_demos import git_revision
+
+    torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    vla = load_vla(cfg.model)
+    store = make_store(StoreConfig(backend="edge", path=cfg.db, collection=cfg.collection))
+    try:
+        points = list(store.scroll())
+    finally:
+        store.close()
+    if not points:
+        raise CalibrationError(f"the database at {cfg.db} holds no points")
+    live_prev = None
+    t_live = time.perf_counter()
+    if cfg.demos or cfg.bags:
+        cache = FeatureCache(cfg.cache_dir or str(Path(cfg.model)) + "_features", vla)
+        live_prev = live_prev_features(vla, points, collect_refs(cfg.demos, cfg.bags, cfg.dataset), cache, cfg.progress)
+    else:
+        log.warning("no --demos/--bags: similarities use the stored feat vectors, not live features")
+    live_s = time.perf_counter() - t_live
+    t_cal = time.perf_counter()
+    calib = calibrate(points, FusedMetricConfig(), neighbours=cfg.neighbours, max_points=cfg.max_points,
+                      seed=cfg.seed, live_prev=live_prev)
+    calib["meta"].update(
+        command="heisd calibrate", config=dataclasses.asdict(cfg), seed=cfg.seed, git_revision=git_revision(),
+        live_features=len(live_prev) if live_prev is not None else 0,
+        seconds={"live_features": live_s, "calibrate": time.perf_counter() - t_cal, "total": time.perf_counter() - t0},
+    )
+    if cfg.plots:
+        try:
+            calib["meta"]["plots"] = write_plots(calib, cfg.plots)
+        except ImportError:
+            log.warning("matplotlib is not installed: no plots (pip install matplotlib)")
+    save_calibration(calib, cfg.out)
+    applied = apply_calibration(DecoderConfig(), cfg.out)
+    if applied.fused_metric.tau != calib["fused_metric"]["tau"]:
+        raise CalibrationError(f"{cfg.out} does not apply to a DecoderConfig")
+    return calib
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = CalibrateConfig()
+    p = argparse.ArgumentParser(prog="heisd calibrate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=d.model, help="VLA directory")
+    p.add_argument("--db", default=d.db, help="database directory (heisd build-db --out)")
+    p.add_argument("--demos", default="", help="LIBERO HDF5 demos the database was built from (for live features)")
+    p.add_argument("--bags", default="", help="rosbag2 recordings the database was built from")
+    p.add_argument("--dataset", default="", help="dataset name given to build-db, if any")
+    p.add_argument("--out", default=d.out, help="calibration file to write")
+    p.add_argument("--plots", default="", help="directory for PNG plots (needs matplotlib)")
+    p.add_argument("--collection", default=d.collection)
+    p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
+    p.add_argument("--neighbours", type=int, default=d.neighbours)
+    p.add_argument("--max-points", type=int, default=d.max_points)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = CalibrateConfig(**vars(build_parser().parse_args(argv)))
+    c = run(cfg)
+    fm, vs, meta = c["fused_metric"], c["verify_skip"], c["meta"]
+    print(f"calibrate: tau {fm['tau']:.3f}, verify-skip {'on' if vs['enabled'] else 'off'} "
+          f"(min_S {vs['min_similarity']:.4f}, O_dist {vs['max_distance_m'] * 100:.2f} cm), "
+          f"{meta['n_pairs']} pairs, pass rate {meta['pass_rate']:.2f}, {meta['seconds']['total']:.0f} s -> {cfg.out}")
+    return 0

@@ -1,0 +1,207 @@
+"""`heisd train-drafter`: the EAGLE-style drafter head of the mini VLA (DESIGN §2.4, issue 4.3).
+
+Usage:
+    heisd train-drafter --model artifacts/mini_vla --demos artifacts/demos/libero_object \
+        --out artifacts/mini_drafter [--steps 2000] [--batch-size 32] [--seed 0] [--cache-dir DIR]
+        [--engine-steps 200] [--threads 1]
+
+The head (one LLaMA block over fc([token embedding ; feature])) learns from the VLA's *own*
+hidden states: the demo steps are relabelled with the VLA's greedy action tokens, then trained
+with feature regression + token cross-entropy (`heisd_ros.models.training.train_drafter`).
+Episodes the VLA held out (its train_log.json) stay held out here.
+
+Reports, on held-out steps:
+- top-1 agreement: the drafter's next-token prediction (from the VLA's feature at a_i and the
+  embedding of a_{i+1}) equals the VLA's greedy a_{i+2}, for a2..a7 (the acceptance proxy);
+- the engine's `drafter` method (strict D-SD, lossless) on `--engine-steps` held-out steps: mean
+  accept length (tokens per verification forward), LLM forwards per step, and whether every
+  step reproduced the AR greedy tokens.
+Writes `<out>/` (drafter_config.json, drafter.safetensors, the form `load_drafter` reads) and
+`<out>/drafter_log.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from heisd_ros.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainDrafterConfig:
+    model: str = "artifacts/mini_vla"
+    demos: str = "artifacts/demos/libero_object"
+    out: str = "artifacts/mini_drafter"
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 3e-3
+    seed: int = 0
+    val_fraction: float = 0.1
+    """Used only when the model has no train_log.json naming its held-out episodes."""
+    cache_dir: str = ""
+    """Feature cache of train-vla (default: <model>_features)."""
+    engine_steps: int = 200
+    """Held-out steps decoded by the engine's `drafter` method for the accept-length figure (0 = skip)."""
+    bf16_autocast: bool = True
+    threads: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        if self.engine_steps < 0 or self.lr <= 0:
+            raise ConfigError("engine_steps must be >= 0 and lr > 0")
+
+
+def agreement(vla, drafter, own_examples, batch_size: int = 64) -> dict:
+    """Top-1 agreement of the drafter with the VLA's greedy next token, per action position a2..a7."""
+    from heisd_ros.core.types import ACTION_DIM
+    from heisd_ros.models.demo_pipeline import _same_instruction_batches
+    from heisd_ros.models.training import action_logits, teacher_forced
+
+    hits = []
+    with torch.inference_mode():
+        for batch in _same_instruction_batches(own_examples, batch_size):
+            hidden, embeds, p = teacher_forced(vla, batch)
+            pred = drafter(hidden[:, :-1], embeds[:, 1:])
+            sl = slice(p - 1, p - 1 + ACTION_DIM - 1)
+            target = action_logits(vla, hidden[:, 1:][:, sl]).argmax(-1)
+            hits.append((action_logits(vla, pred[:, sl]).argmax(-1) == target).cpu().numpy())
+    if not hits:
+        return {"n_steps": 0}
+    ok = np.concatenate(hits)
+    return {"n_steps": int(len(ok)), "top1_agreement": float(ok.mean()),
+            "per_position": {f"a{i + 2}": float(x) for i, x in enumerate(ok.mean(0))},
+            "chain_accept_mean": float(np.cumprod(ok, axis=1).sum(1).mean())}
+
+
+def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
+    """Run the engine's `drafter` and `ar` methods on `n_steps` held-out steps (spread over `refs`)."""
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.core.types import Observation
+    from heisd_ros.models.libero_data import VIEWS, load_episode
+
+    if n_steps <= 0 or not refs:
+        return {}
+    per_episode = max(1, n_steps // len(refs))
+    rng = np.random.default_rng(seed)
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    sd = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter)
+    accept, forwards, same, ms_ar, ms_sd = [], [], [], [], []
+    for ref in refs:
+        ep = load_episode(ref)
+        for t in sorted(rng.choice(ep.length, min(per_episode, ep.length), replace=False)):
+            obs = Observation({v: ep.images[v][t] for v in VIEWS}, ep.instruction, ep.ee_pos[t])
+            _, st_ar = ar.step(obs)
+            _, st = sd.step(obs)
+            accept.append(st.accept_length)
+            forwards.append(st.llm_forwards)
+            same.append(st.tokens == st_ar.tokens)
+            ms_ar.append(st_ar.latency_ms["total"])
+            ms_sd.append(st.latency_ms["total"])
+        if len(accept) >= n_steps:
+            break
+    return {"n_steps": len(accept), "mean_accept_length": float(np.mean(accept)),
+            "llm_forwards_per_step": float(np.mean(forwards)), "ar_forwards_per_step": 7.0,
+            "lossless_all_steps": bool(all(same)),
+            "median_step_ms": {"ar": float(np.median(ms_ar)), "drafter": float(np.median(ms_sd))}}
+
+
+def run(cfg: TrainDrafterConfig) -> dict:
+    from heisd_ros.models.demo_pipeline import FeatureCache, held_out_split, load_examples, write_json
+    from heisd_ros.models.demo_pipeline import progress_bar
+    from heisd_ros.models.libero_data import scan_hdf5
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.training import greedy_tokens, train_drafter
+    from heisd_ros.tools.gen_demos import git_revision
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    vla = load_vla(cfg.model)
+    refs = scan_hdf5(cfg.demos)
+    train_refs, val_refs = held_out_split(refs, cfg.model, cfg.val_fraction, cfg.seed)
+    cache = FeatureCache(cfg.cache_dir or str(Path(cfg.model)) + "_features", vla)
+    train = load_examples(vla, train_refs, cache, "features", cfg.progress)
+    val = load_examples(vla, val_refs, cache, "features (held out)", cfg.progress)
+    t_greedy = time.perf_counter()
+    own = greedy_tokens(vla, train, batch_size=64, use_cache=True)
+    own_val = greedy_tokens(vla, val, batch_size=64, use_cache=True)
+    greedy_s = time.perf_counter() - t_greedy
+    demo_match = float(np.mean([np.array_equal(a.tokens, b.tokens) for a, b in zip(own, train)]))
+
+    bar = progress_bar(cfg.steps, "train-drafter", cfg.progress)
+
+    def progress(i: int, loss: float) -> None:
+        bar.update(1)
+        if (i + 1) % 25 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    t_train = time.perf_counter()
+    drafter, losses = train_drafter(vla, own, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                                    seed=cfg.seed, progress=progress, bf16_autocast=cfg.bf16_autocast)
+    bar.close()
+    train_s = time.perf_counter() - t_train
+    drafter.save(cfg.out)
+    t_eval = time.perf_counter()
+    held = agreement(vla, drafter, own_val) if own_val else None
+    train_sample = agreement(vla, drafter, own[:: max(1, len(own) // 2048)])
+    engine = engine_accept_length(vla, drafter, val_refs, cfg.engine_steps, cfg.seed)
+    log = {
+        "command": "heisd train-drafter",
+        "config": dataclasses.asdict(cfg),
+        "seed": cfg.seed,
+        "git_revision": git_revision(),
+        "threads": cfg.threads,
+        "n_params": sum(p.numel() for p in drafter.parameters()),
+        "steps": {"train": len(own), "held_out": len(own_val)},
+        "vla_greedy_equals_demo_tokens": demo_match,
+        "loss_curve": [float(x) for x in losses],
+        "held_out_agreement": held,
+        "train_agreement": train_sample,
+        "engine_drafter_held_out": engine,
+        "seconds": {"greedy_relabel": greedy_s, "train": train_s, "eval": time.perf_counter() - t_eval,
+                    "total": time.perf_counter() - t0},
+    }
+    write_json(Path(cfg.out) / "drafter_log.json", log)
+    return log
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainDrafterConfig()
+    p = argparse.ArgumentParser(prog="heisd train-drafter", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=d.model, help="mini VLA directory (heisd train-vla --out)")
+    p.add_argument("--demos", default=d.demos, help="directory of LIBERO-layout *.hdf5 files (or one file)")
+    p.add_argument("--out", default=d.out, help="drafter directory to write")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--val-fraction", type=float, default=d.val_fraction)
+    p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
+    p.add_argument("--engine-steps", type=int, default=d.engine_steps)
+    p.add_argument("--fp32", dest="bf16_autocast", action="store_false", help="train in fp32 (default: bf16 autocast)")
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = TrainDrafterConfig(**vars(build_parser().parse_args(argv)))
+    log = run(cfg)
+    held = log["held_out_agreement"]
+    eng = log["engine_drafter_held_out"]
+    agree = f"{held['top1_agreement']:.3f}" if held else "n/a"
+    acc = f", engine accept length {eng['mean_accept_length']:.2f} (lossless {eng['lossless_all_steps']})" if eng else ""
+    print(f"train-drafter: held-out top-1 agreement {agree}{acc}, {log['seconds']['total']:.0f} s -> {cfg.out}")
+    return 0

