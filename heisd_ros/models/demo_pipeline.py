@@ -9,8 +9,9 @@ demos); `tiny_artifacts` does the same for synthetic data in memory.
 - `token_accuracy`: teacher-forced top-1 accuracy of the VLA on examples.
 - `episode_points`: `DemoPoint`s of one episode (obs = `embed_views` over all views; feat /
   feat_prev by teacher-forcing the demo's own tokens).
-- `live_features`: the VLA's own live feature f_live per step (the mean lm_head input of its
-  greedy AR decoding, as the engine computes it), for calibrating verify-skip.
+- `GreedyCache` / `own_examples`: the VLA's own greedy tokens and live feature f_live per step
+  (the mean lm_head input of its KV-cached greedy AR decoding, as the engine computes it), on
+  disk per model: the drafter's training targets and the live features of calibration.
 """
 
 from __future__ import annotations
@@ -173,12 +174,6 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
     return points
 
 
-def live_features(vla, examples: Sequence[Example], batch_size: int = 64) -> np.ndarray:
-    """f_live per example [len(examples), D]: the mean lm_head input over the 7 positions when the
-    VLA decodes greedily (KV-cached AR, as the engine's `ar` method computes it)."""
-    return greedy_decode(vla, list(examples), batch_size=batch_size, use_cache=True)[1]
-
-
 def write_json(path: str | Path, data: dict) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -209,18 +204,6 @@ def held_out_split(refs: Sequence[EpisodeRef], model_dir: str | Path, val_fracti
     return split_episodes(refs, val_fraction, seed)
 
 
-def load_examples(vla, refs: Sequence[EpisodeRef], cache: FeatureCache, desc: str, progress: bool = True) -> list[Example]:
-    """Examples (cached patches, the demo's tokens) of all steps of `refs`, in order."""
-    stats = vla.stats()
-    out: list[Example] = []
-    bar = progress_bar(len(refs), desc, progress)
-    for r in refs:
-        out.extend(episode_examples(vla, stats, r, cache))
-        bar.update(1)
-    bar.close()
-    return out
-
-
 def collect_refs(demos: str = "", bags: str = "", dataset: str = "") -> list[EpisodeRef]:
     """Episodes of LIBERO HDF5 files (`demos`) and rosbag2 recordings (`bags`), named as
     `heisd build-db` names them: dataset = `dataset`, else the HDF5 'suite' attribute, else
@@ -235,3 +218,56 @@ def collect_refs(demos: str = "", bags: str = "", dataset: str = "") -> list[Epi
     if bags:
         refs += scan_bags(bags, dataset or f"{Path(bags).resolve().parent.name}_bags")
     return refs
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """sha256 (first 16 hex) of a saved model's config, statistics and weights."""
+    h = hashlib.sha256()
+    for name in ("config.json", "dataset_statistics.json", "model.safetensors"):
+        p = Path(model_dir) / name
+        if p.is_file():
+            with p.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+class GreedyCache:
+    """The VLA's own greedy decode of every step of an episode, kept on disk per model:
+    `<directory>/greedy_<model digest>/<episode key>.npz` with tokens [T, 7] and f_live [T, D].
+    train-drafter (its relabelled targets) and calibrate (live features) share it."""
+
+    def __init__(self, directory: str | Path, vla, model_dir: str | Path, batch_size: int = 64) -> None:
+        self.vla = vla
+        self.dir = Path(directory) / f"greedy_{model_digest(model_dir)}"
+        self.batch_size = batch_size
+
+    def get(self, ref: EpisodeRef, examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
+        p = self.dir / f"{ref.key}.npz"
+        if p.is_file():
+            with np.load(p) as z:
+                if len(z["tokens"]) == len(examples):
+                    return z["tokens"], z["f_live"]
+        tokens, feats = greedy_decode(self.vla, list(examples), batch_size=self.batch_size, use_cache=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, tokens=tokens, f_live=feats)
+        tmp.replace(p)
+        return tokens, feats
+
+
+def own_examples(vla, refs: Sequence[EpisodeRef], cache: FeatureCache, greedy: GreedyCache, desc: str,
+                 progress: bool = True) -> tuple[list[Example], list[np.ndarray]]:
+    """Examples relabelled with the VLA's greedy tokens, and f_live per episode, for `refs`."""
+    stats = vla.stats()
+    out: list[Example] = []
+    live: list[np.ndarray] = []
+    bar = progress_bar(len(refs), desc, progress)
+    for r in refs:
+        examples = episode_examples(vla, stats, r, cache)
+        tokens, feats = greedy.get(r, examples)
+        out += [Example(ex.images, ex.instruction, tokens[t], ex.patches) for t, ex in enumerate(examples)]
+        live.append(feats)
+        bar.update(1)
+    bar.close()
+    return out, live

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import shutil
 import time
@@ -66,18 +65,6 @@ class BuildDbConfig:
             raise ConfigError("latency_queries >= 0, top_k, batch_size and threads >= 1")
 
 
-def model_digest(model_dir: str | Path) -> str:
-    """sha256 (first 16 hex) of the model's weights and statistics: the DB is valid only for them."""
-    h = hashlib.sha256()
-    for name in ("config.json", "dataset_statistics.json", "model.safetensors"):
-        p = Path(model_dir) / name
-        if p.is_file():
-            with p.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    h.update(chunk)
-    return h.hexdigest()[:16]
-
-
 def search_latency(store, n_queries: int, top_k: int, seed: int) -> dict:
     """Top-k task-filtered query latency (ms) over `n_queries` stored obs vectors as queries."""
     if n_queries == 0:
@@ -107,7 +94,7 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 
 def run(cfg: BuildDbConfig) -> dict:
     from heisd_ros.core.config import StoreConfig
-    from heisd_ros.models.demo_pipeline import collect_refs, episode_points, progress_bar, write_json
+    from heisd_ros.models.demo_pipeline import collect_refs, episode_points, model_digest, progress_bar, write_json
     from heisd_ros.models.libero_data import load_episode
     from heisd_ros.models.loader import load_vla
     from heisd_ros.store.factory import make_store

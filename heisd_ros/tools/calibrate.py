@@ -9,7 +9,8 @@ Reads every point of the database (`heisd build-db --out`) and runs
 `heisd_ros.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
 mean lm_head input of the VLA's own greedy AR decoding of the previous step (what the online
 verify-skip rule compares against a hit's `feat_prev`). Those need the demos' images (through the
-train-vla feature cache): pass the same `--demos` / `--bags` / `--dataset` as to build-db.
+train-vla feature cache; the greedy decodes train-drafter cached are reused): pass the same
+`--demos` / `--bags` / `--dataset` as to build-db.
 
 Writes the calibration file the node loads (`apply_calibration`), and with `--plots DIR` (needs
 matplotlib): `skip_similarity_distance.png` (similarity vs distance of retrieval pairs, pass rate
@@ -57,22 +58,20 @@ class CalibrateConfig:
             raise ConfigError("neighbours, max_points and threads must be >= 1")
 
 
-def live_prev_features(vla, points: list, refs: list, cache, progress: bool) -> dict:
+def live_prev_features(vla, points: list, refs: list, cache, greedy, progress: bool) -> dict:
     """{(task, episode, step): the VLA's live feature at step - 1} for the episodes in `points`."""
-    from heisd_ros.models.demo_pipeline import episode_examples, live_features, progress_bar
+    from heisd_ros.models.demo_pipeline import own_examples
 
     stored = {(p.dataset, p.episode) for p in points}
     wanted = [r for r in refs if (r.dataset, r.episode) in stored]
+    examples, live = own_examples(vla, wanted, cache, greedy, "live features", progress)
     out = {}
-    bar = progress_bar(len(wanted), "live features", progress)
-    for ref in wanted:
-        examples = episode_examples(vla, vla.stats(), ref, cache)
-        feats = live_features(vla, examples)
-        task = examples[0].instruction
-        for t in range(1, len(examples)):
+    start = 0
+    for ref, feats in zip(wanted, live):
+        task = examples[start].instruction
+        for t in range(1, len(feats)):
             out[(task, ref.episode, t)] = feats[t - 1]
-        bar.update(1)
-    bar.close()
+        start += len(feats)
     return out
 
 
@@ -140,7 +139,7 @@ def write_plots(calib: dict, directory: str | Path) -> list[str]:
 def run(cfg: CalibrateConfig) -> dict:
     from heisd_ros.calibration import apply_calibration, calibrate, save_calibration
     from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
-    from heisd_ros.models.demo_pipeline import FeatureCache, collect_refs
+    from heisd_ros.models.demo_pipeline import FeatureCache, GreedyCache, collect_refs
     from heisd_ros.models.loader import load_vla
     from heisd_ros.store.factory import make_store
     from heisd_ros.tools.gen_demos import git_revision
@@ -158,8 +157,10 @@ def run(cfg: CalibrateConfig) -> dict:
     live_prev = None
     t_live = time.perf_counter()
     if cfg.demos or cfg.bags:
-        cache = FeatureCache(cfg.cache_dir or str(Path(cfg.model)) + "_features", vla)
-        live_prev = live_prev_features(vla, points, collect_refs(cfg.demos, cfg.bags, cfg.dataset), cache, cfg.progress)
+        cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
+        cache, greedy = FeatureCache(cache_dir, vla), GreedyCache(cache_dir, vla, cfg.model)
+        refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset)
+        live_prev = live_prev_features(vla, points, refs, cache, greedy, cfg.progress)
     else:
         log.warning("no --demos/--bags: similarities use the stored feat vectors, not live features")
     live_s = time.perf_counter() - t_live

@@ -6,7 +6,8 @@ Usage:
         [--engine-steps 200] [--threads 1]
 
 The head (one LLaMA block over fc([token embedding ; feature])) learns from the VLA's *own*
-hidden states: the demo steps are relabelled with the VLA's greedy action tokens, then trained
+hidden states: the demo steps are relabelled with the VLA's greedy action tokens (batched,
+KV-cached AR, kept on disk next to the feature cache for `heisd calibrate`), then trained
 with feature regression + token cross-entropy (`heisd_ros.models.training.train_drafter`).
 Episodes the VLA held out (its train_log.json) stay held out here.
 
@@ -117,11 +118,12 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
 
 
 def run(cfg: TrainDrafterConfig) -> dict:
-    from heisd_ros.models.demo_pipeline import FeatureCache, held_out_split, load_examples, write_json
-    from heisd_ros.models.demo_pipeline import progress_bar
-    from heisd_ros.models.libero_data import scan_hdf5
+    from heisd_ros.models.demo_pipeline import FeatureCache, GreedyCache, held_out_split, own_examples, progress_bar
+    from heisd_ros.models.demo_pipeline import write_json
+    from heisd_ros.models.demo_pipeline import episode_tokens
+    from heisd_ros.models.libero_data import load_episode, scan_hdf5
     from heisd_ros.models.loader import load_vla
-    from heisd_ros.models.training import greedy_tokens, train_drafter
+    from heisd_ros.models.training import train_drafter
     from heisd_ros.tools.gen_demos import git_revision
 
     torch.set_num_threads(cfg.threads)
@@ -130,14 +132,15 @@ def run(cfg: TrainDrafterConfig) -> dict:
     vla = load_vla(cfg.model)
     refs = scan_hdf5(cfg.demos)
     train_refs, val_refs = held_out_split(refs, cfg.model, cfg.val_fraction, cfg.seed)
-    cache = FeatureCache(cfg.cache_dir or str(Path(cfg.model)) + "_features", vla)
-    train = load_examples(vla, train_refs, cache, "features", cfg.progress)
-    val = load_examples(vla, val_refs, cache, "features (held out)", cfg.progress)
+    cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
+    cache = FeatureCache(cache_dir, vla)
+    greedy = GreedyCache(cache_dir, vla, cfg.model)
     t_greedy = time.perf_counter()
-    own = greedy_tokens(vla, train, batch_size=64, use_cache=True)
-    own_val = greedy_tokens(vla, val, batch_size=64, use_cache=True)
+    own, _ = own_examples(vla, train_refs, cache, greedy, "greedy relabel", cfg.progress)
+    own_val, _ = own_examples(vla, val_refs, cache, greedy, "greedy relabel (held out)", cfg.progress)
     greedy_s = time.perf_counter() - t_greedy
-    demo_match = float(np.mean([np.array_equal(a.tokens, b.tokens) for a, b in zip(own, train)]))
+    demo = [t for r in train_refs for t in episode_tokens(vla, vla.stats(), load_episode(r, with_images=False).actions)]
+    demo_match = float(np.mean([np.array_equal(a.tokens, b) for a, b in zip(own, demo)]))
 
     bar = progress_bar(cfg.steps, "train-drafter", cfg.progress)
 

@@ -164,6 +164,8 @@ def test_calibration_file_applies_and_plots_exist(artifacts) -> None:
     assert cfg.fused_metric.tau == calib["fused_metric"]["tau"]
     assert cfg.verify_skip.enabled == calib["verify_skip"]["enabled"]
     assert calib["meta"]["live_features"] == 2 * (T - 1)
+    # train-drafter's greedy decodes were cached per episode and reused here.
+    assert len(list(artifacts["cache"].glob("greedy_*/*.npz"))) == 2
     if calib["meta"].get("plots"):
         for p in calib["meta"]["plots"]:
             assert Path(p).is_file() and Path(p).stat().st_size > 1000
