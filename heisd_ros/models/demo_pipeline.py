@@ -204,17 +204,17 @@ def held_out_split(refs: Sequence[EpisodeRef], model_dir: str | Path, val_fracti
     return split_episodes(refs, val_fraction, seed)
 
 
-def collect_refs(demos: str = "", bags: str = "", dataset: str = "") -> list[EpisodeRef]:
-    """Episodes of LIBERO HDF5 files (`demos`) and rosbag2 recordings (`bags`), named as
-    `heisd build-db` names them: dataset = `dataset`, else the HDF5 'suite' attribute, else
-    '<parent of the bags dir>_bags'."""
+def collect_refs(demos: str = "", bags: str = "", dataset: str = "", tasks: Sequence[int] | None = None) -> list[EpisodeRef]:
+    """Episodes of LIBERO HDF5 files (`demos`, optionally only task indices `tasks`) and rosbag2
+    recordings (`bags`), named as `heisd build-db` names them: dataset = `dataset`, else the HDF5
+    'suite' attribute, else '<parent of the bags dir>_bags'."""
     import dataclasses
 
     from heisd_ros.models.libero_data import scan_bags, scan_hdf5
 
     refs: list[EpisodeRef] = []
     if demos:
-        refs += [dataclasses.replace(r, dataset=dataset) if dataset else r for r in scan_hdf5(demos)]
+        refs += [dataclasses.replace(r, dataset=dataset) if dataset else r for r in scan_hdf5(demos, tasks)]
     if bags:
         refs += scan_bags(bags, dataset or f"{Path(bags).resolve().parent.name}_bags")
     return refs

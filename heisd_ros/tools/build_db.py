@@ -3,7 +3,7 @@
 Usage:
     heisd build-db --model artifacts/mini_vla --demos artifacts/demos/libero_object --out artifacts/mini_db
     heisd build-db --model artifacts/mini_vla --bags artifacts/demos/libero_object/bags --out artifacts/mini_db_bags
-        [--dataset NAME] [--collection heisd_demos] [--fresh] [--latency-queries 200] [--threads 1]
+        [--tasks 0-9] [--dataset NAME] [--collection heisd_demos] [--fresh] [--latency-queries 200] [--threads 1]
 
 One point per demo step: `obs` = the VLA's own backbone over both views (`embed_views`, the very
 function the live query uses), `feat` / `feat_prev` = the mean lm_head input over the 7 action
@@ -50,6 +50,8 @@ class BuildDbConfig:
     dataset: str = ""
     """Dataset name in point ids ('' = the HDF5 'suite' attribute; '<bags dir>_bags' for bags)."""
     collection: str = "heisd_demos"
+    tasks: tuple[int, ...] | None = None
+    """HDF5 task indices to store (None = every file)."""
     fresh: bool = False
     latency_queries: int = 200
     top_k: int = 5
@@ -113,7 +115,7 @@ def run(cfg: BuildDbConfig) -> dict:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     if manifest.get("model_digest") != digest:
         manifest = {"model": str(cfg.model), "model_digest": digest, "done": {}}
-    refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset)
+    refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
     obs_dim = vla.vision_backbone.out_dim * 2
     store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
                        obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)
@@ -170,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=d.out, help="database directory (embedded Qdrant Edge)")
     p.add_argument("--dataset", default="", help="dataset name in the point ids (default: from the source)")
     p.add_argument("--collection", default=d.collection)
+    p.add_argument("--tasks", default=None, help="HDF5 task indices, e.g. 0-7 (default: every file)")
     p.add_argument("--fresh", action="store_true", help="delete an existing database at --out first")
     p.add_argument("--latency-queries", type=int, default=d.latency_queries)
     p.add_argument("--top-k", type=int, default=d.top_k)
@@ -181,7 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = BuildDbConfig(**vars(build_parser().parse_args(argv)))
+    from heisd_ros.tools.train_vla import parse_tasks
+
+    args = vars(build_parser().parse_args(argv))
+    args["tasks"] = parse_tasks(args["tasks"])
+    cfg = BuildDbConfig(**args)
     r = run(cfg)
     lat = r["search_latency"]
     lat_s = f", Top-{lat['top_k']} median {lat['median_ms']:.2f} ms / p95 {lat['p95_ms']:.2f} ms" if lat else ""

@@ -2,7 +2,7 @@
 
 Usage:
     heisd calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos artifacts/demos/libero_object \
-        --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR] [--dataset NAME]
+        --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR] [--dataset NAME] [--tasks 0-9]
         [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1]
 
 Reads every point of the database (`heisd build-db --out`) and runs
@@ -45,6 +45,8 @@ class CalibrateConfig:
     out: str = "artifacts/mini_calibration.json"
     plots: str = ""
     collection: str = "heisd_demos"
+    tasks: tuple[int, ...] | None = None
+    """HDF5 task indices given to build-db, if any."""
     cache_dir: str = ""
     """Feature cache of train-vla (default: <model>_features)."""
     neighbours: int = 5
@@ -159,7 +161,7 @@ def run(cfg: CalibrateConfig) -> dict:
     if cfg.demos or cfg.bags:
         cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
         cache, greedy = FeatureCache(cache_dir, vla), GreedyCache(cache_dir, vla, cfg.model)
-        refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset)
+        refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
         live_prev = live_prev_features(vla, points, refs, cache, greedy, cfg.progress)
     else:
         log.warning("no --demos/--bags: similarities use the stored feat vectors, not live features")
@@ -196,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=d.out, help="calibration file to write")
     p.add_argument("--plots", default="", help="directory for PNG plots (needs matplotlib)")
     p.add_argument("--collection", default=d.collection)
+    p.add_argument("--tasks", default=None, help="HDF5 task indices given to build-db, if any")
     p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
     p.add_argument("--neighbours", type=int, default=d.neighbours)
     p.add_argument("--max-points", type=int, default=d.max_points)
@@ -206,7 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = CalibrateConfig(**vars(build_parser().parse_args(argv)))
+    from heisd_ros.tools.train_vla import parse_tasks
+
+    args = vars(build_parser().parse_args(argv))
+    args["tasks"] = parse_tasks(args["tasks"])
+    cfg = CalibrateConfig(**args)
     c = run(cfg)
     fm, vs, meta = c["fused_metric"], c["verify_skip"], c["meta"]
     print(f"calibrate: tau {fm['tau']:.3f}, verify-skip {'on' if vs['enabled'] else 'off'} "

@@ -2,7 +2,7 @@
 
 Usage:
     heisd train-drafter --model artifacts/mini_vla --demos artifacts/demos/libero_object \
-        --out artifacts/mini_drafter [--steps 2000] [--batch-size 32] [--seed 0] [--cache-dir DIR]
+        --out artifacts/mini_drafter [--steps 1000] [--batch-size 32] [--seed 0] [--cache-dir DIR] [--tasks 0-9]
         [--engine-steps 200] [--threads 1]
 
 The head (one LLaMA block over fc([token embedding ; feature])) learns from the VLA's *own*
@@ -40,7 +40,7 @@ class TrainDrafterConfig:
     model: str = "artifacts/mini_vla"
     demos: str = "artifacts/demos/libero_object"
     out: str = "artifacts/mini_drafter"
-    steps: int = 2000
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 3e-3
     seed: int = 0
@@ -48,6 +48,8 @@ class TrainDrafterConfig:
     """Used only when the model has no train_log.json naming its held-out episodes."""
     cache_dir: str = ""
     """Feature cache of train-vla (default: <model>_features)."""
+    tasks: tuple[int, ...] | None = None
+    """HDF5 task indices (None = every file; give train-vla's)."""
     engine_steps: int = 200
     """Held-out steps decoded by the engine's `drafter` method for the accept-length figure (0 = skip)."""
     bf16_autocast: bool = True
@@ -130,7 +132,7 @@ def run(cfg: TrainDrafterConfig) -> dict:
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     vla = load_vla(cfg.model)
-    refs = scan_hdf5(cfg.demos)
+    refs = scan_hdf5(cfg.demos, cfg.tasks)
     train_refs, val_refs = held_out_split(refs, cfg.model, cfg.val_fraction, cfg.seed)
     cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
     cache = FeatureCache(cache_dir, vla)
@@ -192,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--val-fraction", type=float, default=d.val_fraction)
     p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
+    p.add_argument("--tasks", default=None, help="HDF5 task indices, e.g. 0-7 (default: every file)")
     p.add_argument("--engine-steps", type=int, default=d.engine_steps)
     p.add_argument("--fp32", dest="bf16_autocast", action="store_false", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--threads", type=int, default=d.threads)
@@ -200,7 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = TrainDrafterConfig(**vars(build_parser().parse_args(argv)))
+    from heisd_ros.tools.train_vla import parse_tasks
+
+    args = vars(build_parser().parse_args(argv))
+    args["tasks"] = parse_tasks(args["tasks"])
+    cfg = TrainDrafterConfig(**args)
     log = run(cfg)
     held = log["held_out_agreement"]
     eng = log["engine_drafter_held_out"]

@@ -65,7 +65,7 @@ def artifacts(demos: Path) -> dict[str, Path]:
     assert train_drafter.main(["--model", str(paths["model"]), "--demos", str(demos), "--out", str(paths["drafter"]),
                                "--steps", "2", "--batch-size", "4", "--engine-steps", "2",
                                "--cache-dir", str(paths["cache"]), "--threads", "1", "--no-progress"]) == 0
-    assert build_db.main(["--model", str(paths["model"]), "--demos", str(demos), "--out", str(paths["db"]),
+    assert build_db.main(["--model", str(paths["model"]), "--demos", str(demos), "--out", str(paths["db"]), "--tasks", "0",
                           "--latency-queries", "5", "--no-progress"]) == 0
     assert calibrate.main(["--model", str(paths["model"]), "--db", str(paths["db"]), "--demos", str(demos),
                            "--out", str(paths["calib"]), "--plots", str(paths["plots"]),
