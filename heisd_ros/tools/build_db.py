@@ -145,7 +145,8 @@ def run(cfg: BuildDbConfig) -> dict:
         total = store.count()
     finally:
         store.close()
-    size_mb = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
+    files = [p.stat() for p in out.rglob("*") if p.is_file()]
+    size_mb = sum(st.st_blocks * 512 for st in files) / 2**20  # allocated: Edge files are sparse
     report = {
         "command": "heisd build-db",
         "config": dataclasses.asdict(cfg),
@@ -155,6 +156,7 @@ def run(cfg: BuildDbConfig) -> dict:
         "episodes": len(refs), "episodes_skipped_as_done": skipped, "points_written": written,
         "points": total, "tasks": tasks, "obs_dim": obs_dim, "feat_dim": vla.hidden_size,
         "disk_mb": size_mb,
+        "apparent_mb": sum(st.st_size for st in files) / 2**20,
         "search_latency": latency,
         "seconds": {"embed": embed_s, "optimize": optimize_s, "total": time.perf_counter() - t0},
     }
