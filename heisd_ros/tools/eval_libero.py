@@ -117,7 +117,11 @@ class TimedStore:
         return getattr(self._store, name)
 
 
-def _file_digest(path: Path) -> str:
+def _file_digest(name: str) -> str:
+    """Content digest of a model/drafter directory (its .json/.safetensors/.pt files) or a file."""
+    if not name:
+        return "none"
+    path = Path(name)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors", ".pt"))
     else:
@@ -161,11 +165,11 @@ class Policies:
         from heisd_ros.core.config import to_dict
 
         return {
-            "model_dir": self.paths.model_dir, "model_digest": _file_digest(Path(self.paths.model_dir)),
-            "drafter_dir": self.paths.drafter_dir, "drafter_digest": _file_digest(Path(self.paths.drafter_dir)),
+            "model_dir": self.paths.model_dir, "model_digest": _file_digest(self.paths.model_dir),
+            "drafter_dir": self.paths.drafter_dir, "drafter_digest": _file_digest(self.paths.drafter_dir),
             "db_path": self.paths.db_path, "db_points": self.store.count() if self.store is not None else None,
             "calibration_path": self.paths.calibration_path,
-            "calibration_digest": _file_digest(Path(self.paths.calibration_path)),
+            "calibration_digest": _file_digest(self.paths.calibration_path),
             "decoder_config": to_dict(self.base_cfg),
         }
 
