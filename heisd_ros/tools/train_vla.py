@@ -138,12 +138,51 @@ def _hash_collisions(tok, instructions: list[str]) -> list[list[str]]:
     return [ws for ws in by_id.values() if len(ws) > 1]
 
 
+def _examples(vla, stats, refs, val_refs, cache, progress: bool) -> tuple[list, list]:
+    """(train, held-out) Examples with cached backbone features."""
+    from heisd_ros.models.demo_pipeline import episode_examples, progress_bar
+
+    held = set(val_refs)
+    train, val = [], []
+    bar = progress_bar(len(refs), "features", progress)
+    for r in refs:
+        (val if r in held else train).extend(episode_examples(vla, stats, r, cache))
+        bar.update(1)
+    bar.close()
+    return train, val
+
+
+def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float], list[dict]]:
+    """train_vla with a progress bar and the held-out accuracy every `eval_every_steps`."""
+    from heisd_ros.models.demo_pipeline import progress_bar, token_accuracy
+    from heisd_ros.models.training import train_vla
+
+    curve: list[dict] = []
+    val_subset = val[:: max(1, len(val) // EVAL_SUBSET)] if val else []
+    bar = progress_bar(cfg.steps, "train-vla", cfg.progress)
+
+    def progress(i: int, loss: float) -> None:
+        bar.update(1)
+        if (i + 1) % 25 == 0:
+            bar.set_postfix(loss=f"{loss:.3f}")
+        if val_subset and ((i + 1) % cfg.eval_every_steps == 0 or i + 1 == cfg.steps):
+            acc = token_accuracy(vla, val_subset)
+            vla.train()
+            curve.append({"step": i + 1, "token_accuracy": acc["token_accuracy"],
+                          "mean_abs_bin_error": acc["mean_abs_bin_error"]})
+            bar.set_postfix(loss=f"{loss:.3f}", val_acc=f"{acc['token_accuracy']:.3f}")
+
+    losses = train_vla(vla, train, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
+                       progress=progress, bf16_autocast=cfg.bf16_autocast)
+    bar.close()
+    return losses, curve
+
+
 def run(cfg: TrainVLAConfig) -> dict:
     from heisd_ros.core.action_tokenizer import NormStats
-    from heisd_ros.models.demo_pipeline import FeatureCache, episode_examples, progress_bar, token_accuracy, write_json
+    from heisd_ros.models.demo_pipeline import FeatureCache, token_accuracy, write_json
     from heisd_ros.models.libero_data import load_episode, scan_hdf5, split_episodes
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
-    from heisd_ros.models.training import train_vla
     from heisd_ros.models.vla import VLAModel
     from heisd_ros.tools.gen_demos import git_revision
 
@@ -164,33 +203,10 @@ def run(cfg: TrainVLAConfig) -> dict:
 
     t_cache = time.perf_counter()
     cache = FeatureCache(cfg.feature_cache_dir, vla)
-    train, val = [], []
-    bar = progress_bar(len(refs), "features", cfg.progress)
-    for r in refs:
-        (val if r in val_refs else train).extend(episode_examples(vla, stats, r, cache))
-        bar.update(1)
-    bar.close()
+    train, val = _examples(vla, stats, refs, val_refs, cache, cfg.progress)
     cache_s = time.perf_counter() - t_cache
-
-    curve: list[dict] = []
-    val_subset = val[:: max(1, len(val) // EVAL_SUBSET)] if val else []
-    bar = progress_bar(cfg.steps, "train-vla", cfg.progress)
-
-    def progress(i: int, loss: float) -> None:
-        bar.update(1)
-        if (i + 1) % 25 == 0:
-            bar.set_postfix(loss=f"{loss:.3f}")
-        if val_subset and ((i + 1) % cfg.eval_every_steps == 0 or i + 1 == cfg.steps):
-            acc = token_accuracy(vla, val_subset)
-            vla.train()
-            curve.append({"step": i + 1, "token_accuracy": acc["token_accuracy"],
-                          "mean_abs_bin_error": acc["mean_abs_bin_error"]})
-            bar.set_postfix(loss=f"{loss:.3f}", val_acc=f"{acc['token_accuracy']:.3f}")
-
     t_train = time.perf_counter()
-    losses = train_vla(vla, train, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                       progress=progress, bf16_autocast=cfg.bf16_autocast)
-    bar.close()
+    losses, curve = _train(vla, train, val, cfg)
     train_s = time.perf_counter() - t_train
     t_eval = time.perf_counter()
     final = {"held_out": token_accuracy(vla, val) if val else None,
