@@ -3,9 +3,10 @@
 Usage:
     python benchmarks/store_latency.py [--points 2000 20000] [--obs-dim 2560] [--feat-dim 256]
         [--tasks 10] [--queries 200] [--top-k 5] [--backends edge local local-path] [--seed 0]
-        [--hnsw] [--out result.json]
+        [--hnsw] [--feat-on-disk] [--out result.json]
 
-For each backend and database size: ingest time (upserts of 256 points), then `--queries` Top-k
+For each backend and database size: ingest time (upserts of 256 points), disk bytes per point (over
+an empty store; persisted backends), then `--queries` Top-k
 task-filtered searches through the DemoStore API (validation and Hit conversion included), each
 query a stored obs vector plus noise, searched in that point's task. Vectors are clustered Gaussians
 (one cluster per episode), L2-normalised. `local` is qdrant-client in memory, `local-path` the same
@@ -67,6 +68,17 @@ def store_config(backend: str, root: Path, **over: object) -> StoreConfig:
     return StoreConfig(backend="local", **over)
 
 
+def allocated_bytes(root: Path) -> int:
+    """Bytes the files under root occupy on disk (sparse files count what is written, as `du`)."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+
+
+def empty_store_bytes(backend: str, obs_dim: int, feat_dim: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="heisd_store_bench_") as tmp:
+        make_store(store_config(backend, Path(tmp)), obs_dim, feat_dim, create=True).close()
+        return allocated_bytes(Path(tmp))
+
+
 def time_queries(store, queries, tasks, top_k) -> tuple[dict, list[list[tuple[int, int]]]]:
     store.search(queries[0], tasks[0], top_k)  # warm-up
     lat, results = [], []
@@ -94,6 +106,7 @@ def run_one(backend: str, points: list[DemoPoint], args, rng: np.random.Generato
     tasks = [points[i].task for i in picks]
     with tempfile.TemporaryDirectory(prefix="heisd_store_bench_") as tmp:
         over = {"exact_search_below": 0} if hnsw else {}
+        over["feat_on_disk"] = args.feat_on_disk
         cfg = store_config(backend, Path(tmp), **over)
         store = make_store(cfg, args.obs_dim, args.feat_dim, create=True)
         t0 = time.perf_counter()
@@ -108,6 +121,10 @@ def run_one(backend: str, points: list[DemoPoint], args, rng: np.random.Generato
         record.update(figures)
         record["partition_points"] = store.count(tasks[0])
         store.close()
+        if cfg.path:  # on-disk cost per point, over an empty store of the same dimensions
+            used = allocated_bytes(Path(tmp)) - empty_store_bytes(backend, args.obs_dim, args.feat_dim)
+            record["disk_bytes_per_point"] = round(used / len(points), 1)
+            record["raw_vector_bytes_per_point"] = 4 * (args.obs_dim + 2 * args.feat_dim)
         if cfg.path:
             t0 = time.perf_counter()
             make_store(cfg).close()
@@ -134,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--backends", nargs="+", default=["edge", "local"], choices=["edge", "local", "local-path"])
     parser.add_argument("--hnsw", action="store_true", help="also measure Edge with per-task HNSW graphs")
+    parser.add_argument("--feat-on-disk", action="store_true", help="feat/feat_prev memory-mapped (StoreConfig.feat_on_disk)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default="")
     args = parser.parse_args(argv)

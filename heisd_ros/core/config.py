@@ -184,6 +184,10 @@ class StoreConfig:
     task_cache_ttl_s: float = 5.0
     """How long per-task point counts (has_task, partition size) are trusted before the database is
     asked again; upserts through the same store refresh them at once. 0 = always ask."""
+    feat_on_disk: bool = False
+    """Create the collection with feat/feat_prev memory-mapped from disk rather than held in RAM.
+    They are never searched, only returned with the Top-K hits, so this trades a few page reads per
+    query for most of the memory of a large database (docs/scaling.md). Existing collections keep theirs."""
     replication_factor: int = 1
     """Backend 'remote' (cluster): copies of every shard, passed when the collection and each task's
     shard key are created (existing collections keep theirs). 1 = no replica."""

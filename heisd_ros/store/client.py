@@ -323,8 +323,9 @@ def _create_collection(client: QdrantClient, cfg: StoreConfig, where: str, obs_d
     no_graph = qm.HnswConfigDiff(m=0, payload_m=0)  # feat vectors are never searched
     vectors = {
         OBS: qm.VectorParams(size=obs_dim, distance=qm.Distance.COSINE),
-        FEAT: qm.VectorParams(size=feat_dim, distance=qm.Distance.COSINE, hnsw_config=no_graph),
-        FEAT_PREV: qm.VectorParams(size=feat_dim, distance=qm.Distance.COSINE, hnsw_config=no_graph),
+        FEAT: qm.VectorParams(size=feat_dim, distance=qm.Distance.COSINE, hnsw_config=no_graph, on_disk=cfg.feat_on_disk),
+        FEAT_PREV: qm.VectorParams(size=feat_dim, distance=qm.Distance.COSINE, hnsw_config=no_graph,
+                                   on_disk=cfg.feat_on_disk),
     }
     # Multitenancy: no global graph, one HNSW graph per task (payload_m) over the tenant index.
     hnsw = qm.HnswConfigDiff(

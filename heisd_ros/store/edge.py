@@ -86,8 +86,8 @@ def _edge_config(cfg: StoreConfig, obs_dim: int, feat_dim: int) -> qe.EdgeConfig
     no_graph = qe.HnswIndexConfig(m=0, ef_construct=cfg.hnsw_ef_construct, full_scan_threshold=kb, payload_m=0)
     vectors = {
         OBS: qe.EdgeVectorParams(obs_dim, qe.Distance.Cosine),
-        FEAT: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, hnsw_config=no_graph),
-        FEAT_PREV: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, hnsw_config=no_graph),
+        FEAT: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, on_disk=cfg.feat_on_disk, hnsw_config=no_graph),
+        FEAT_PREV: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, on_disk=cfg.feat_on_disk, hnsw_config=no_graph),
     }
     return qe.EdgeConfig(
         vectors=vectors, hnsw_config=per_task, optimizers=qe.EdgeOptimizersConfig(indexing_threshold=kb)

@@ -145,3 +145,21 @@ def test_tls_with_the_configured_ca_and_without_it(tls_server, self_signed):
         make_store(untrusted)
     with pytest.raises(ConfigError, match="nowhere.pem"):
         make_store(StoreConfig(backend="remote", url=tls_server.url, tls_ca_cert="/nowhere.pem"))
+
+
+def test_feat_vectors_on_disk_for_large_databases(qdrant_server, tmp_path):
+    """feat_on_disk: the never-searched feature vectors are created memory-mapped (remote and Edge)."""
+    cfg = StoreConfig(backend="remote", url=qdrant_server.url, feat_on_disk=True)
+    pts = _points()
+    with make_store(cfg, OBS_DIM, FEAT_DIM, create=True) as store:
+        store.upsert(pts)
+        assert store.search(pts[1].obs, TASKS[0], 1)[0].feat_prev.shape == (FEAT_DIM,)
+    vectors = qdrant_server.created[cfg.collection]["vectors"]
+    assert vectors["feat"]["on_disk"] is True and vectors["feat_prev"]["on_disk"] is True
+    assert not vectors["obs"].get("on_disk")  # the searched vector stays in RAM
+    edge = StoreConfig(backend="edge", path=str(tmp_path / "db"), feat_on_disk=True)
+    with make_store(edge, OBS_DIM, FEAT_DIM, create=True) as store:
+        store.upsert(pts)
+    with make_store(edge) as store:
+        hit = store.search(pts[1].obs, TASKS[0], 1)[0]
+        assert hit.step == 1 and np.allclose(hit.feat, pts[1].feat / np.linalg.norm(pts[1].feat), atol=1e-6)
