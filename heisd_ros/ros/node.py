@@ -275,6 +275,7 @@ class PolicyNode(Node):
         with self._cv:
             self._job = _Job(synced, instruction, now)
             self._busy = True
+            self._job_started = time.monotonic()  # the worker restarts it on pickup
             self._cv.notify_all()
 
     def _on_set_parameters(self, params: list) -> SetParametersResult:
