@@ -165,7 +165,7 @@ def test_policy_node_exits_1_with_the_reason(files, tmp_path, case):
     cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", str(REPO / "config" / "policy.yaml")]
     for a in args:
         cmd += ["-p", a]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert f"cannot start: {error.__name__}" in out and words in out and "Traceback" not in out
@@ -262,7 +262,7 @@ def test_database_outage_mid_run_keeps_commanding_in_drafter_mode_and_recovers(c
                 k += 1
                 n0 = len(listener.stats)
                 listener.publish_set(k)
-                assert listener.wait(lambda: len(listener.stats) > n0, 5.0), f"no step {k}"
+                assert listener.wait(lambda n0=n0: len(listener.stats) > n0, 5.0), f"no step {k}"
                 got.append(listener.stats[-1])
                 time.sleep(0.12)
             return got

@@ -120,7 +120,7 @@ def test_health_check_reconnects_without_waiting_for_a_search():
 
 
 def test_errors_about_the_request_pass_through_and_keep_the_store_up():
-    store, world, _ = _scripted()
+    store, _, _ = _scripted()
     with pytest.raises(UnknownTaskError):
         store.search(np.ones(OBS_DIM), "unknown", 1)
     assert store.is_up and store.failures == 0
