@@ -32,6 +32,7 @@ from heisd_ros.sim.expert import rotation_error
 HDF5_VIEWS: dict[str, str] = {"agentview": "agentview_rgb", "wrist": "eye_in_hand_rgb"}
 """Our view name -> LIBERO's HDF5 observation key."""
 CONTROL_HZ = 20.0
+PARTIAL_DEMO = "_partial_demo"
 
 
 class DemoFileError(HeisdError):
@@ -111,6 +112,8 @@ class Hdf5DemoWriter:
         data.attrs["macros_image_convention"] = "opencv"
         data.attrs.setdefault("num_demos", 0)
         data.attrs.setdefault("total", 0)
+        if PARTIAL_DEMO in data:  # left by a writer killed mid-episode: never half a demo
+            del data[PARTIAL_DEMO]
         self._data = data
 
     def existing(self) -> dict[tuple[int, int], tuple[str, int]]:
@@ -121,9 +124,13 @@ class Hdf5DemoWriter:
         }
 
     def write(self, episode: Episode, init_state: np.ndarray | None = None, compression: str | None = "gzip") -> str:
-        """Add `episode` as the next data/demo_i; returns its name. Flushes to disk."""
+        """Add `episode` as the next data/demo_i; returns its name. Flushes to disk.
+
+        The demo is built under a scratch name and renamed when complete, so a process killed
+        mid-write leaves no partial demo_i behind (the scratch group is dropped on reopening).
+        """
         name = f"demo_{len(self._data)}"
-        group = self._data.create_group(name)
+        group = self._data.create_group(PARTIAL_DEMO)
         T = episode.length
         group.attrs.update(
             num_samples=T, init_state_index=episode.init_state_index, variant=episode.variant,
@@ -146,6 +153,7 @@ class Hdf5DemoWriter:
             obs.create_dataset(key, data=value)
         for view, images in episode.images.items():
             obs.create_dataset(HDF5_VIEWS[view], data=images, compression=compression, chunks=(1, *images.shape[1:]))
+        self._data.move(PARTIAL_DEMO, name)
         self._data.attrs["num_demos"] = len(self._data)
         self._data.attrs["total"] = int(self._data.attrs["total"]) + T
         self._file.flush()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -123,8 +124,8 @@ class Summary:
         tmp.replace(self.path)
 
 
-def run(config: GenDemosConfig) -> dict[str, Any]:
-    """Generate the demos; returns the summary dictionary."""
+def run(config: GenDemosConfig, stop: "StopBetweenEpisodes | None" = None) -> dict[str, Any]:
+    """Generate the demos; returns the summary dictionary. `stop` ends the run between episodes."""
     from tqdm import tqdm
 
     from heisd_ros.sim.expert import ExpertConfig, WaypointExpert
@@ -154,6 +155,8 @@ def run(config: GenDemosConfig) -> dict[str, Any]:
         with Hdf5DemoWriter(root / f"{name}_demo.hdf5", attrs) as writer:
             written = writer.existing()
             for k, v in todo:
+                if stop is not None and stop.requested:
+                    break
                 seed = episode_seed(config.seed, task, k, v)
                 if (k, v) in written:  # kept before an interrupted summary write
                     demo, length = written[(k, v)]
@@ -173,8 +176,35 @@ def run(config: GenDemosConfig) -> dict[str, Any]:
                 bar.update(1)
                 bar.set_postfix(task=task, ok=summary.task(task)["successes"], len=episode.length)
         env.close()
+        if stop is not None and stop.requested:
+            print(f"gen-demos: stopped by signal after task {task}; rerun the same command to resume")
+            break
     bar.close()
     return summary.data
+
+
+class StopBetweenEpisodes:
+    """While installed, SIGTERM/SIGINT let the current episode and its files finish, then the run
+    stops (resumable); a second signal terminates at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopBetweenEpisodes":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.requested = True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     # MuJoCo picks its GL backend when first imported; headless CPU rendering needs EGL.
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-    data = run(config)
+    with StopBetweenEpisodes() as stop:
+        data = run(config, stop)
     brief = {i: {k: t.get(k) for k in ("task_name", "attempts", "successes", "mean_length", "mean_seconds")}
              for i, t in data["tasks"].items() if int(i) in config.tasks}
     print(json.dumps({"suite": config.suite, "out": str(Path(config.out_dir) / config.suite), "tasks": brief}, indent=1))

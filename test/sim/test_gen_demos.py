@@ -50,3 +50,14 @@ def test_summary_counts_and_resume(tmp_path: Path) -> None:
     assert (task["attempts"], task["successes"], task["mean_length"], task["mean_seconds"]) == (2, 1, 100.0, 3.0)
     assert data["seed"] == 0 and "git_revision" in data and data["config"]["camera_size_px"] == 128
     assert Summary(path, GenDemosConfig()).attempted(0) == {(0, 0), (1, 0)}
+
+
+def test_signal_stops_between_episodes() -> None:
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with gen_demos.StopBetweenEpisodes() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested  # the process is still alive: the run stops at the next episode
+    assert signal.getsignal(signal.SIGTERM) is before

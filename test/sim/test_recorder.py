@@ -117,3 +117,15 @@ def test_mcap_topics_match_policy_yaml() -> None:
     assert topics.instruction == absolute(params["instruction_topic"])
     assert topics.episode_result == absolute(params["episode_result_topic"])
     assert topics.command == absolute(params["command_topic"])
+
+
+def test_partial_demo_from_a_killed_writer_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "t_demo.hdf5"
+    with Hdf5DemoWriter(path, {"suite": "s"}) as w:
+        w.write(make_episode(seed=0, init_state=1))
+    with h5py.File(path, "a") as f:  # what a kill in the middle of write() leaves behind
+        f["data"].create_group("_partial_demo").attrs.update(init_state_index=9, variant=0, num_samples=3)
+    with Hdf5DemoWriter(path, {"suite": "s"}) as w:
+        assert w.existing() == {(1, 0): ("demo_0", 6)}
+        assert w.write(make_episode(seed=1, init_state=2)) == "demo_1"
+    assert [e.init_state_index for e in read_hdf5_demos(path, with_images=False)[1]] == [1, 2]
