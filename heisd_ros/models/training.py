@@ -61,6 +61,16 @@ def teacher_forced(vla, batch: Sequence[Example]) -> tuple[torch.Tensor, torch.T
     return hidden, embeds, prompts.shape[1]
 
 
+def _optimise(loss: torch.Tensor, params, opt, sched) -> float:
+    """One clipped optimiser + scheduler step; returns the loss value."""
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+
 def action_logits(vla, hidden_at_action_positions: torch.Tensor) -> torch.Tensor:
     """[..., D] -> [..., 256] logits; column j is token first_token_id + j."""
     return hidden_at_action_positions @ vla.action_head_weight().T
@@ -88,12 +98,7 @@ def train_vla(
             logits = action_logits(vla, hidden[:, p - 1 : p - 1 + ACTION_DIM])
         target = torch.tensor(np.stack([ex.tokens for ex in batch]), device=logits.device) - first
         loss = nn.functional.cross_entropy(logits.reshape(-1, 256).float(), target.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(vla.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(_optimise(loss, vla.parameters(), opt, sched))
         if progress:
             progress(i, losses[-1])
     vla.eval()
@@ -176,12 +181,7 @@ def train_drafter(
         reg = nn.functional.smooth_l1_loss(pred.to(hidden.dtype), hidden[:, 1:])
         ce = nn.functional.cross_entropy(logits.reshape(-1, 256), target_logits[:, sl].argmax(-1).reshape(-1))
         loss = reg + 0.1 * ce
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(_optimise(loss, drafter.parameters(), opt, sched))
         if progress:
             progress(i, losses[-1])
     drafter.eval()
