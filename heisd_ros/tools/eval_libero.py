@@ -178,6 +178,20 @@ class Policies:
             self.store.close()
 
 
+def retrieval_probe(store, tasks: list[str], per_task: int = 40, top_k: int = 5) -> list[float]:
+    """Wall ms of Top-k task-filtered searches on `store`, querying with stored demonstration obs
+    vectors of each task (the same embedding as live queries; the exact hit itself is allowed)."""
+    import itertools
+
+    out = []
+    for task in tasks:
+        for point in itertools.islice(store.scroll(task), per_task):
+            t0 = time.perf_counter()
+            store.search(point.obs, task, top_k)
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
 def _step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) -> dict[str, Any]:
     rec = {
         "t": t, "mode": st.mode, "skipped": st.skipped, "forwards": st.llm_forwards, "tpf": list(st.tokens_per_forward),
@@ -286,6 +300,7 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     bar = tqdm(total=len(todo), desc=f"eval-libero {cfg.suite}", unit="ep", disable=not cfg.progress)
     todo_set = set(todo)
     n_run = 0
+    probe: list[float] = []
     try:
         for task in cfg.tasks:
             pending = {k: [m for m in cfg.methods if (task, k, m) in todo_set] for k in cfg.init_states}
@@ -302,12 +317,17 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
             finally:
                 for env in envs:
                     env.close()
+        evaluated = sorted({e["instruction"] for e in log.episodes if e["task"] in cfg.tasks})
+        probe = retrieval_probe(pol.store, evaluated) if pol.store is not None else []
     finally:
         bar.close()
         pol.close()
-        log.append({"kind": "session", "command": command, "git_rev": git_revision(), "episodes_run": n_run,
-                    "wall_s": round(time.perf_counter() - t_start, 1),
-                    "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        session = {"kind": "session", "command": command, "git_rev": git_revision(), "episodes_run": n_run,
+                   "wall_s": round(time.perf_counter() - t_start, 1),
+                   "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if probe:
+            session["probe_top5_ms"] = [round(x, 4) for x in probe]
+        log.append(session)
     return write_outputs(cfg, log, command, key)
 
 
@@ -334,7 +354,9 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
         "nice": os.nice(0), "loadavg": list(os.getloadavg()),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    report = build_report(episodes, cfg.methods, meta)
+    probe = [x for sess in log.sessions for x in sess.get("probe_top5_ms", [])]
+    meta["invocations"] = [{k: v for k, v in sess.items() if k != "probe_top5_ms"} for sess in log.sessions]
+    report = build_report(episodes, cfg.methods, meta, probe_ms=probe)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))

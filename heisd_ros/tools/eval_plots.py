@@ -133,16 +133,17 @@ def _timeline(plt, report, episodes, path: Path) -> str | None:
     ee = np.array([s["ee"] for s in ep["steps"]])
     modes = [s["mode"] for s in ep["steps"]]
     colours = [MODE_COLOURS.get(m, "k") for m in modes]
+    sizes = [28 if m in ("retrieval", "skip") else 8 for m in modes]  # the rarer modes stay visible
     t = np.arange(len(modes))
     fig, (a, b) = plt.subplots(1, 2, figsize=(9.5, 3.8))
     a.plot(ee[:, 0], ee[:, 1], color="#cccccc", lw=1, zorder=1)
-    a.scatter(ee[:, 0], ee[:, 1], c=colours, s=10, zorder=2)
+    a.scatter(ee[:, 0], ee[:, 1], c=colours, s=sizes, zorder=2)
     a.set_xlabel("x (m)")
     a.set_ylabel("y (m)")
     a.set_aspect("equal", adjustable="datalim")
     a.set_title(f"{ep['method']}: task {ep['task']}, init {ep['init_state']} "
                 f"({'success' if ep['success'] else 'failure'}), top view", fontsize=9)
-    b.scatter(t, ee[:, 2], c=colours, s=8)
+    b.scatter(t, ee[:, 2], c=colours, s=sizes, zorder=2)
     b.set_xlabel("control step")
     b.set_ylabel("end-effector z (m)")
     f = np.array([np.nan if s["F"] is None else s["F"] for s in ep["steps"]], dtype=float)

@@ -109,7 +109,8 @@ def test_eval_libero_smoke_report_and_resume(policy_dir: Path, tmp_path: Path) -
         assert key in meta, key
     assert meta["init_states"] == [40] and meta["threads"] == 1 and meta["model"]["db_points"] == 12
     lat = meta["retrieval_latency_ms"]
-    assert lat["n"] >= 3 and 0 < lat["median"] <= lat["p95"]
+    assert lat["in_run_top5"]["n"] >= 3 and lat["probe_top5"]["n"] == 12  # heisd's own + one probe per stored point
+    assert 0 < lat["median"] <= lat["p95"]
     assert "| heisd |" in out.with_suffix(".md").read_text()
     assert {Path(p).name for p in meta["plots"]} >= {"success_rate.png", "step_latency.png", "forwards.png",
                                                      "accept_length.png", "mode_timeline.png"}

@@ -56,7 +56,10 @@ def test_summary_figures() -> None:
     assert h["per_task_success"]["0"]["success_rate"] == 1.0 and h["per_task_success"]["1"]["success_rate"] == 0.0
     assert h["episodes_identical_to_ar"] == 0.0 and not h["lossless"] and ar["lossless"]
     lat = report["_meta"]["retrieval_latency_ms"]
-    assert lat["n"] == 4 and lat["median"] == 2.5
+    assert lat["n"] == 4 and lat["median"] == 2.5 and lat["by_method"]["heisd"]["top_k"] == 5
+    probed = build_report(_run(), ["ar", "heisd"], {}, probe_ms=[1.0] * 9 + [11.0])["_meta"]["retrieval_latency_ms"]
+    assert probed["n"] == 10 and probed["median"] == 1.0 and probed["in_run_top5"]["n"] == 4
+    assert "probe" in probed["what"]
     acc = report["_meta"]["acceptance"]
     assert acc["evaluated"] and acc["success_within_5_points"] and acc["success_gap_points"] == 0.0
     text = markdown(report)
