@@ -4,11 +4,15 @@ Usage:
     python benchmarks/soak.py [--duration-s 600] [--camera-hz 30] [--pose-hz 100] [--views 3]
         [--control-rate-hz 10] [--method heisd] [--tiny-dir artifacts/tiny] [--domain-id 71]
         [--seed 100] [--out benchmarks/soak.json]
+    python benchmarks/soak.py --model-dir artifacts/mini_vla --drafter-dir artifacts/mini_drafter \
+        --db-path artifacts/mini_db --calibration-path artifacts/mini_calibration.json --views 2 \
+        --demos A_demo.hdf5,B_demo.hdf5 --steps-per-episode 110 [--out benchmarks/node_rss_mini.json]
 
 The node runs as its own process (`python -m heisd_ros.ros.node`, as deployed) on the tiny policy
 (`artifacts/tiny`, built on first use; with 3 views a matching 3-view database is derived from it
-once, under `<tiny-dir>/db_3views`). This process plays held-out synthetic episodes at the sensor
-rates: every camera view at --camera-hz, the end-effector pose at --pose-hz (interpolated between
+once, under `<tiny-dir>/db_3views`), or on the model, drafter, database and calibration given with
+--model-dir etc. This process plays held-out synthetic episodes (or, with --demos, the first
+--demo-episodes episodes of each LIBERO-layout HDF5 file, with their instructions) at the sensor rates: every camera view at --camera-hz, the end-effector pose at --pose-hz (interpolated between
 control steps), the instruction (latched) and an episode result at the end of each episode, so
 episodes and instruction changes keep coming for the whole run. It records every ArmCommand,
 DecodeStats and diagnostics message and samples the node's RSS every few seconds.
@@ -16,7 +20,8 @@ DecodeStats and diagnostics message and samples the node's RSS every few seconds
 Reports: command rate vs control rate, dropped ticks, rejected steps by kind, command age (arrival
 time minus the command's header stamp = its newest input) p50/p95/p99/max and its drift between the
 first and the second half of the run (a backlog would make it grow), decode time percentiles, mode
-mix, RSS at start (after warm-up) and end, its maximum and slope, the node's exit code after SIGINT
+mix, RSS at start (after warm-up) and end, its maximum and slope, the node's peak RSS over its whole
+life (VmHWM, loading included), the database's point count, the node's exit code after SIGINT
 and whether it died before (crashes). Writes JSON with the config, git revision and figures.
 """
 
@@ -60,6 +65,16 @@ class SoakConfig:
     seed: int = 100
     """Seed of the played (held-out) episodes; the database holds the tiny build's own."""
     steps_per_episode: int = 40
+    """Control steps per played episode (demos are cut to it, or hold their last frame)."""
+    model_dir: str = ""
+    """A model directory to run instead of the tiny build ('' = tiny); with drafter_dir, db_path, calibration_path."""
+    drafter_dir: str = ""
+    db_path: str = ""
+    calibration_path: str = ""
+    demos: str = ""
+    """Comma-separated LIBERO-layout HDF5 files played instead of the synthetic episodes ('' = synthetic)."""
+    demo_episodes: int = 2
+    """Episodes played from each demos file (their order alternates between the files)."""
     rss_period_s: float = 5.0
     out: str = "benchmarks/soak.json"
     node_log: str = "artifacts/soak_node.log"
@@ -69,6 +84,8 @@ class SoakConfig:
             raise ConfigError("views must be 2 or 3")
         if not (self.duration_s > 0 and self.camera_hz > 0 and self.pose_hz > 0 and self.control_rate_hz > 0):
             raise ConfigError("durations and rates must be > 0")
+        if self.model_dir and self.model_dir != "tiny" and not self.db_path:
+            raise ConfigError("--model-dir needs --db-path (and --drafter-dir for drafter-based methods)")
 
     @property
     def view_names(self) -> tuple[str, ...]:
@@ -85,9 +102,12 @@ def _views(images: dict[str, np.ndarray], names: tuple[str, ...]) -> list[np.nda
 
 
 def prepare(cfg: SoakConfig, say) -> dict[str, str]:
-    """The tiny policy's files, with a database whose retrieval queries cover cfg.views."""
+    """The policy's files: cfg.model_dir etc., or the tiny build with a database covering cfg.views."""
     from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
 
+    if cfg.model_dir:
+        return {"model_dir": cfg.model_dir, "drafter_dir": cfg.drafter_dir, "db_path": cfg.db_path,
+                "calibration_path": cfg.calibration_path}  # fmt: skip
     root = build_tiny_artifacts(cfg.tiny_dir, progress=say)
     paths = {"model_dir": str(root / "model"), "drafter_dir": str(root / "drafter"), "db_path": str(root / "db"),
              "calibration_path": str(root / "calibration.json")}  # fmt: skip
@@ -143,6 +163,8 @@ class Frame:
 
 
 def episode_frames(cfg: SoakConfig, image_size: int) -> list[list[Frame]]:
+    if cfg.demos:
+        return demo_frames(cfg)
     from heisd_ros.sim import synthetic
 
     by_ep: dict[tuple[str, int], list[Frame]] = {}
@@ -153,6 +175,34 @@ def episode_frames(cfg: SoakConfig, image_size: int) -> list[list[Frame]]:
     eps = list(by_ep.values())
     half = len(eps) // 2
     return [e for pair in zip(eps[:half], eps[half:]) for e in pair]
+
+
+def demo_frames(cfg: SoakConfig) -> list[list[Frame]]:
+    """The first cfg.demo_episodes episodes of each cfg.demos file, alternating between the files."""
+    from heisd_ros.sim.recorder import read_hdf5_demos
+
+    per_file = []
+    for path in cfg.demos.split(","):
+        _, eps = read_hdf5_demos(Path(path.strip()))
+        frames = []
+        for ep in eps[: cfg.demo_episodes]:
+            n = cfg.steps_per_episode
+            steps = [Frame(_views({v: ep.images[v][t] for v in ep.images}, cfg.view_names), ep.ee_pos[t],
+                           ep.instruction) for t in range(min(n, ep.length))]  # fmt: skip
+            frames.append(steps + [steps[-1]] * (n - len(steps)))
+        per_file.append(frames)
+    return [e for group in zip(*per_file) for e in group]
+
+
+def _db_points(db_path: str) -> int | None:
+    """Points in the embedded database (opened and closed before the node takes it)."""
+    if not db_path:
+        return None
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.store import make_store
+
+    with make_store(StoreConfig(backend="edge", path=db_path)) as store:
+        return int(store.count())
 
 
 class Driver:
@@ -266,21 +316,22 @@ class Driver:
         rclpy.try_shutdown(context=self.ctx)
 
 
-def _rss_mb(pid: int) -> float:
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A memory figure of /proc/PID/status in MB: VmRSS (now) or VmHWM (peak over the process's life)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024.0
     except OSError:
         pass
     return float("nan")
 
 
-def start_node(cfg: SoakConfig, paths: dict[str, str]) -> subprocess.Popen:
+def start_node(cfg: SoakConfig, paths: dict[str, str], image_size: int = 64) -> subprocess.Popen:
     views = cfg.view_names
     params = {**paths, "decoder.method": cfg.method, "control_rate_hz": float(cfg.control_rate_hz),
               "decoder.views": list(views), "image_topics": [f"{v}/image_raw" for v in views],
-              "expected_image_height": 64, "expected_image_width": 64, "diagnostics_period_s": 1.0}  # fmt: skip
+              "expected_image_height": image_size, "expected_image_width": image_size, "diagnostics_period_s": 1.0}  # fmt: skip
     cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", str(REPO / "config" / "policy.yaml")]
     for k, v in params.items():
         cmd += ["-p", f"{k}:={json.dumps(v)}"]
@@ -296,12 +347,14 @@ def _pct(a, q) -> float:
 
 def run(cfg: SoakConfig, say=print) -> dict:
     paths = prepare(cfg, say)
+    db_points = _db_points(paths["db_path"])
     frames = episode_frames(cfg, 64)
+    image_size = int(frames[0][0].images[0].shape[0])
     driver = Driver(cfg)
-    proc = start_node(cfg, paths)
+    proc = start_node(cfg, paths, image_size)
     stop = threading.Event()
     rss: list[tuple[float, float]] = []
-    crashed_at = None
+    crashed_at, hwm = None, float("nan")
     try:
         end = time.monotonic() + 120
         while not driver.connected() and proc.poll() is None and time.monotonic() < end:
@@ -335,6 +388,7 @@ def run(cfg: SoakConfig, say=print) -> dict:
         measured_s = time.monotonic() - t_start
         driver.recording = False
         time.sleep(2.5)  # diagnostics covering the end of the window (the load is still on)
+        hwm = _rss_mb(proc.pid, "VmHWM")
         with driver.lock:
             diag = dict(driver.diag)
     finally:
@@ -347,7 +401,9 @@ def run(cfg: SoakConfig, say=print) -> dict:
                 proc.kill()
                 proc.wait()
         driver.close()
-    return _report(cfg, driver, diag0, diag, rss, measured_s, proc.returncode, crashed_at)
+    result = _report(cfg, driver, diag0, diag, rss, measured_s, proc.returncode, crashed_at)
+    result["rss_mb"]["vmhwm"] = hwm
+    return {**result, "paths": paths, "db_points": db_points, "image_size": image_size}
 
 
 def _counts(text: str) -> dict[str, int]:
@@ -433,10 +489,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(d, f.name)), default=getattr(d, f.name))
     args = p.parse_args(argv)
     cfg = SoakConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SoakConfig)})
-    result = run(cfg)
+    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), **run(cfg)}
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(json.dumps(result, indent=1) + "\n")
-    short = {k: result[k] for k in ("measured_s", "commands", "command_rate_hz", "dropped_ticks", "rejected",
+    short = {k: result[k] for k in ("db_points", "measured_s", "commands", "command_rate_hz", "dropped_ticks", "rejected",
                                     "command_age_ms", "decode_ms", "mode_mix", "node_exit_code", "crashes")}  # fmt: skip
     short["rss_mb"] = {k: v for k, v in result["rss_mb"].items() if k != "samples"}
     print(json.dumps(short, indent=1))
