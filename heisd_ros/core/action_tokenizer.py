@@ -50,6 +50,10 @@ class ActionTokenizer:
         return (t >= self.first_token_id) & (t < self.vocab_size)
 
 
+MIN_HALF_SPAN = 0.05
+"""Smallest half-width of a fitted normalised dimension, in action units."""
+
+
 @dataclass(frozen=True)
 class NormStats:
     """Per-dimension q01/q99 action statistics; `mask[i]` False = dimension not normalised."""
@@ -94,7 +98,12 @@ class NormStats:
         """Statistics from demonstrations [N, 7] (the gripper stays un-normalised)."""
         actions = np.asarray(actions, dtype=np.float64)
         mask = np.array([True] * 6 + [False])
-        return NormStats(np.quantile(actions, 0.01, axis=0), np.quantile(actions, 0.99, axis=0), mask)
+        q01, q99 = np.quantile(actions, 0.01, axis=0), np.quantile(actions, 0.99, axis=0)
+        # A dimension that is (nearly) constant, e.g. a deadbanded rotation that is zero in > 98 % of
+        # the steps, would get a zero span: its constant value would land on an edge bin and every
+        # rare correction would saturate. Widen it to MIN_HALF_SPAN around its centre instead.
+        centre, half = 0.5 * (q01 + q99), np.maximum(0.5 * (q99 - q01), MIN_HALF_SPAN)
+        return NormStats(np.where(mask, centre - half, q01), np.where(mask, centre + half, q99), mask)
 
 
 def load_dataset_statistics(path: str | Path) -> dict[str, NormStats]:

@@ -54,9 +54,14 @@ class DrafterTreeConfig:
     """Children expanded per frontier node, and frontier nodes kept per depth."""
     total_tokens: int = 12
     """Tree nodes kept after global re-ranking by cumulative log-probability."""
+    min_path_prob: float = 0.0
+    """Stop deepening once the best frontier path's drafter probability is below this (0 = always
+    draft to `depth`). A deeper draft the verifier will almost surely reject only costs drafter
+    calls; this is what keeps strict drafter SD from being slower than AR where the drafter is unsure."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.depth <= 6, "drafter depth must be in [1, 6] (7 tokens per step)")
+        _require(0.0 <= self.min_path_prob < 1.0, "drafter min_path_prob must be in [0, 1)")
         _require(1 <= self.top_k <= 32, "drafter top_k must be in [1, 32]")
         _require(self.depth <= self.total_tokens <= 512, "total_tokens must be in [depth, 512]")
 

@@ -10,6 +10,7 @@ committed pairs; tree expansion adds temporary entries that are cropped afterwar
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,8 +128,11 @@ class DrafterSession:
         hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}  # drafter output per expanded node
         frontier = self._children(root_hidden[None], [-1], [0.0], cfg.top_k, nodes)
         slot = base
+        min_score = math.log(cfg.min_path_prob) if cfg.min_path_prob > 0 else -math.inf
         for _ in range(1, depth):
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: cfg.top_k]
+            if nodes[frontier[0]].score < min_score:
+                break
             for row, i in enumerate(frontier):  # frontier nodes attend to their expanded ancestors
                 nodes[i].cache_slot = slot + row
             slot += len(frontier)

@@ -53,6 +53,13 @@ class ExpertConfig:
     slow_pos_action: float = 0.6
     """Cap on the position action while descending to grasp and lowering to place."""
     max_rot_action: float = 0.5
+    tilt_deadband_rad: float = 0.08
+    """Tilt (roll/pitch) error below which no tilt correction is commanded.
+
+    Without it the hold-orientation loop emits noise-level rX/rY commands every step that no
+    policy can predict from images and that make every retrieved draft miss on rotation."""
+    yaw_deadband_rad: float = 0.03
+    """Yaw error below which no yaw correction is commanded (below `yaw_tol_rad`, so alignment converges)."""
     reach_tol_m: float = 0.008
     yaw_tol_rad: float = 0.06
     hover_m: float = 0.07
@@ -92,6 +99,8 @@ class ExpertConfig:
             raise ConfigError("max_rot_action must be in (0, 1]")
         if self.reach_tol_m <= 0 or self.yaw_tol_rad <= 0:
             raise ConfigError("tolerances must be > 0")
+        if self.tilt_deadband_rad < 0 or not 0 <= self.yaw_deadband_rad < self.yaw_tol_rad:
+            raise ConfigError("need tilt_deadband_rad >= 0 and 0 <= yaw_deadband_rad < yaw_tol_rad")
         if min(self.close_steps, self.release_steps, self.phase_timeout_steps, self.stall_window_steps) < 1:
             raise ConfigError("step counts must be >= 1")
         if self.noise_std < 0 or self.waypoint_jitter_m < 0 or self.max_regrasps < 0:
@@ -123,6 +132,16 @@ def rotation_error(r_des: np.ndarray, r_cur: np.ndarray) -> np.ndarray:
         axis = r[:, k] + np.eye(3)[k]
         norm = np.linalg.norm(axis)
     return axis / norm * angle
+
+
+def deadband_rotation(rot_err: np.ndarray, cfg: "ExpertConfig") -> np.ndarray:
+    """`rot_err` with the tilt (x, y) and yaw (z) parts zeroed while they are inside their deadbands."""
+    out = np.array(rot_err, dtype=np.float64)
+    if np.linalg.norm(out[:2]) < cfg.tilt_deadband_rad:
+        out[:2] = 0.0
+    if abs(out[2]) < cfg.yaw_deadband_rad:
+        out[2] = 0.0
+    return out
 
 
 def wrap_half_turn(angle: float) -> float:
@@ -226,7 +245,7 @@ class WaypointExpert:
         cfg = self.config
         action[:3] = np.clip(cfg.pos_gain * (pos_target - obs.ee_pos) / POS_UNIT_M, -cap, cap)
         assert self._r_des is not None
-        rot_err = rotation_error(self._r_des, obs.ee_rot)
+        rot_err = deadband_rotation(rotation_error(self._r_des, obs.ee_rot), cfg)
         action[3:6] = np.clip(cfg.rot_gain * rot_err / ROT_UNIT_RAD, -cfg.max_rot_action, cfg.max_rot_action)
         action[6] = gripper
         return action

@@ -28,6 +28,20 @@ def test_ar_is_seven_forwards(ar, helpers):
     assert st.accept_length == 1.0
 
 
+def test_unsure_drafter_stops_deepening_at_min_path_prob(vla, drafter, ar, helpers):
+    """A randomly initialised drafter is never 99.9 % sure: every draft stays one token deep, so no
+    verification forward can accept more than that token plus the bonus, and tokens stay AR's."""
+    from heisd_ros.core.config import DrafterTreeConfig
+
+    obs = helpers.random_obs(5)
+    deep = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter)
+    shallow = HybridDecoder(vla, DecoderConfig(method="drafter", drafter_tree=DrafterTreeConfig(min_path_prob=0.999)),
+                            drafter=drafter)
+    _, st_shallow = shallow.step(obs)
+    assert st_shallow.tokens == helpers.ar_tokens(ar, obs) == deep.step(obs)[1].tokens
+    assert max(st_shallow.tokens_per_forward) <= 2
+
+
 def test_fully_accepted_retrieval_step_is_one_forward(vla, demo_store, helpers):
     dec = HybridDecoder(vla, DecoderConfig(method="retrieval"), store=demo_store)
     _, st = dec.step(helpers.random_obs(3))  # the database holds this observation's exact AR tokens

@@ -97,7 +97,8 @@ def test_multi_round_tree_verification_and_cache_compaction_is_lossless(vla, ar,
 @pytest.mark.parametrize("seed", SEEDS)
 def test_drafter_speculative_decoding_is_lossless(vla, ar, drafter, helpers, seed):
     rng = random.Random(seed)
-    tree_cfg = DrafterTreeConfig(depth=rng.randint(1, 6), top_k=rng.randint(1, 5), total_tokens=rng.choice([6, 12, 40]))
+    tree_cfg = DrafterTreeConfig(depth=rng.randint(1, 6), top_k=rng.randint(1, 5), total_tokens=rng.choice([6, 12, 40]),
+                                 min_path_prob=rng.choice([0.0, 0.0, 0.05, 0.5, 0.99]))
     cfg = DecoderConfig(method="drafter", drafter_tree=dataclasses.replace(tree_cfg, total_tokens=max(tree_cfg.total_tokens, tree_cfg.depth)))
     dec = HybridDecoder(vla, cfg, drafter=drafter)
     obs = random_obs(seed)
