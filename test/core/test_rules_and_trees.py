@@ -134,3 +134,20 @@ def test_norm_stats_unnormalise_and_gripper_binarised():
 def _all_paths(tree: DraftTree) -> set[tuple[int, ...]]:
     leaves = [i for i in range(len(tree)) if not tree.children(i)]
     return {tuple(tree.tokens[n] for n in tree.path_to(leaf)) for leaf in leaves}
+
+
+def test_fitted_stats_keep_a_constant_dimension_in_the_middle_bins():
+    """A deadbanded rotation that is zero in almost every step must not collapse to a zero span:
+    zero decodes back to zero from a middle bin, and a rare correction is kept (clipped), not lost."""
+    rng = np.random.default_rng(0)
+    actions = np.zeros((1000, 7))
+    actions[:, 0] = rng.uniform(-1, 1, 1000)
+    actions[:5, 3] = 0.3  # 0.5 % corrections: below the 1 % quantile
+    actions[:, 6] = np.where(rng.random(1000) > 0.5, 1.0, -1.0)
+    stats = NormStats.fit(actions)
+    assert stats.q99[3] - stats.q01[3] == pytest.approx(0.1)
+    tok = ActionTokenizer(vocab_size=1000)
+    bins = tok.to_bins(tok.encode(stats.normalise(np.zeros(7))))
+    assert 120 <= bins[3] <= 135
+    assert abs(stats.unnormalise(tok.decode(tok.encode(stats.normalise(np.zeros(7)))))[3]) < 1e-3
+    assert stats.unnormalise(stats.normalise(np.array([0, 0, 0, 0.3, 0, 0, 1.0])))[3] == pytest.approx(0.05)

@@ -9,7 +9,7 @@ import pytest
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.sim.expert import (
-    POS_UNIT_M, ROT_UNIT_RAD, ExpertConfig, Phase, WaypointExpert, down_rotation, finger_yaw, plan_grasp,
+    POS_UNIT_M, ROT_UNIT_RAD, ExpertConfig, Phase, WaypointExpert, deadband_rotation, down_rotation, finger_yaw, plan_grasp,
     rotation_error, wrap_half_turn,
 )
 from heisd_ros.sim.libero_env import Goal, ObjectPose, SimObservation, UnsupportedGoalError, parse_goal
@@ -140,6 +140,17 @@ def test_rotation_helpers() -> None:
     np.testing.assert_allclose(err, [0, 0, 0.2], atol=1e-9)
     np.testing.assert_allclose(rotation_error(rz(math.pi), np.eye(3)), [0, 0, math.pi], atol=1e-6)
     assert wrap_half_turn(math.pi * 0.75) == pytest.approx(-math.pi / 4)
+
+
+def test_rotation_deadbands() -> None:
+    cfg = ExpertConfig(tilt_deadband_rad=0.08, yaw_deadband_rad=0.03)
+    # Small tilt and yaw: no command at all (the noise-level corrections the demos must not teach).
+    np.testing.assert_array_equal(deadband_rotation(np.array([0.05, -0.05, 0.02]), cfg), [0, 0, 0])
+    # Tilt beyond the band is corrected whole (both axes), yaw independently.
+    np.testing.assert_allclose(deadband_rotation(np.array([0.07, 0.05, 0.02]), cfg), [0.07, 0.05, 0.0])
+    np.testing.assert_allclose(deadband_rotation(np.array([0.01, 0.0, -0.2]), cfg), [0.0, 0.0, -0.2])
+    with pytest.raises(ConfigError):
+        ExpertConfig(yaw_deadband_rad=0.1, yaw_tol_rad=0.06)  # alignment could never converge
 
 
 def test_parse_goal() -> None:
