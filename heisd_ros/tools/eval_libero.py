@@ -195,7 +195,8 @@ def retrieval_probe(store, tasks: list[str], per_task: int = 40, top_k: int = 5)
 def _step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) -> dict[str, Any]:
     rec = {
         "t": t, "mode": st.mode, "skipped": st.skipped, "forwards": st.llm_forwards, "tpf": list(st.tokens_per_forward),
-        "ms": {k: round(v, 3) for k, v in st.latency_ms.items()}, "cpu_ms": round(cpu_ms, 3),
+        "ms": {k: round(v, 3) for k, v in st.latency_ms.items()}, "fwd_ms": [round(x, 3) for x in st.forward_ms],
+        "cpu_ms": round(cpu_ms, 3),
         "sim_ms": round(sim_ms, 1), "F": round(st.fused_metric, 4), "score": round(st.retrieval_score, 4),
         "ee": [round(float(x), 4) for x in ee_pos], "tokens": [int(x) for x in st.tokens],
     }

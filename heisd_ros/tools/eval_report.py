@@ -124,6 +124,31 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
     return {"n": int(v.size), "median": float(np.median(v)), "p95": float(np.percentile(v, 95)), "mean": float(v.mean())}
 
 
+def floor_ms(step: dict[str, Any]) -> float | None:
+    """The floor of a logged step's mode (issue 5; bench.step_floor_ms on a JSONL record): vision
+    (+ projector) + retrieval + the first LLM forward; None for records written before `fwd_ms`."""
+    if "fwd_ms" not in step:
+        return None
+    ms = step["ms"]
+    first = step["fwd_ms"][0] if step["fwd_ms"] else 0.0
+    return ms.get("vision", 0.0) + ms.get("projector", 0.0) + ms.get("retrieval", 0.0) + first
+
+
+def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per mode: steps, median step ms, median floor ms and median ratio of step time to its floor."""
+    out = {}
+    for mode in sorted({s["mode"] for s in steps}):
+        sel = [s for s in steps if s["mode"] == mode]
+        floors = [(s["ms"]["total"], f) for s in sel if (f := floor_ms(s)) is not None and f > 0]
+        out[mode] = {
+            "steps": len(sel),
+            "median_step_ms": float(np.median([s["ms"]["total"] for s in sel])),
+            "median_floor_ms": float(np.median([f for _, f in floors])) if floors else math.nan,
+            "median_ratio_to_floor": float(np.median([t / f for t, f in floors])) if floors else math.nan,
+        }
+    return out
+
+
 def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, Any]:
     """Figures of one method over its episodes (all steps of all episodes count)."""
     steps = [s for e in episodes for s in e["steps"]]
@@ -159,6 +184,7 @@ def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, A
         "accept_length": sum(cycles) / len(cycles) if cycles else math.nan,
         "accept_length_hist": {str(k): v for k, v in sorted(Counter(cycles).items())},
         "mode_mix": {k: v / n for k, v in sorted(modes.items())},
+        "modes": mode_profile(steps),
         "skip_rate": modes.get("skip", 0) / n if n else math.nan,
         "fallback_steps": sum(1 for s in steps if s.get("fallback")),
         "median_sim_step_ms": float(np.median([s["sim_ms"] for s in steps])) if n else math.nan,
@@ -267,6 +293,12 @@ def markdown(report: dict[str, Any]) -> str:
             c = report[m]["per_task_success"].get(t)
             cells.append(f"{c['successes']}/{c['episodes']}" if c else "-")
         out.append(f"| {t} | {instr} | " + " | ".join(cells) + " |")
+    out += ["", "Step time per mode against its floor (vision + projector + retrieval + first LLM forward; issue 5):", "",
+            "| method | mode | steps | median ms | median floor ms | median ratio to floor |", "|---|---|---|---|---|---|"]
+    for m in methods:
+        for mode, p in report[m].get("modes", {}).items():
+            out.append(f"| {m} | {mode} | {p['steps']} | {_f(p['median_step_ms'], '.1f')} | "
+                       f"{_f(p['median_floor_ms'], '.1f')} | {_f(p['median_ratio_to_floor'])} |")
     lat = meta["retrieval_latency_ms"]
     out += ["", (f"Retrieval latency (Top-5, task-filtered, {lat['n']} queries): median {_f(lat['median'], '.2f')} ms, "
                  f"p95 {_f(lat['p95'], '.2f')} ms ({lat['what']}).")]

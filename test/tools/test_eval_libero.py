@@ -102,6 +102,11 @@ def test_eval_libero_smoke_report_and_resume(policy_dir: Path, tmp_path: Path) -
         assert r["median_step_ms"] > 0 and list(r["per_task_success"]) == ["0"]
     assert report["ar"]["forwards_per_step"] == 7 and report["ar"]["accept_length"] == 1
     assert report["ar"]["speedup_vs_ar"] == 1
+    ar_mode = report["ar"]["modes"]["ar"]
+    # ar's floor is vision + its first (prefill) forward; its 6 further decodes put it well above
+    assert ar_mode["steps"] == 5 and 0 < ar_mode["median_floor_ms"] < ar_mode["median_step_ms"]
+    assert ar_mode["median_ratio_to_floor"] > 1.5
+    assert "median ratio to floor" in out.with_suffix(".md").read_text()
     # tau = -1: from the third step on (a full 3-point window), heisd is in retrieval mode (or skips)
     assert report["heisd"]["mode_mix"].get("retrieval", 0) + report["heisd"]["mode_mix"].get("skip", 0) >= 0.6
     meta = report["_meta"]
