@@ -135,3 +135,21 @@ def test_broken_files_are_refused_naming_file_and_dataset(tmp_path, case):
     with pytest.raises(DataFileError, match=words) as info:
         check_demo_hdf5(path)
     assert str(path) in str(info.value)
+
+
+def test_demo_scan_checks_every_file_before_reading(tmp_path):
+    """scan_hdf5 (train-vla, build-db, calibrate read through it) refuses a damaged file by name,
+    or skips it with a warning when only some tasks were asked for."""
+    from heisd_ros.models.libero_data import DemoDataError, scan_hdf5
+
+    def nan_action(f, _path):
+        f["data/demo_1/actions"][2, 3] = np.nan
+
+    d = tmp_path / "demos"
+    d.mkdir()
+    _write(d / "a_demo.hdf5")
+    _write(d / "b_demo.hdf5", edit=nan_action)
+    with pytest.raises(DemoDataError, match="b_demo.hdf5.*NaN"):
+        scan_hdf5(d)
+    refs = scan_hdf5(d, tasks=[0, 1])
+    assert {Path(r.path).name for r in refs} == {"a_demo.hdf5"} and len(refs) == 2

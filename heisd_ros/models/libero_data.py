@@ -20,7 +20,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from heisd_ros.core.errors import HeisdError
+from heisd_ros.core.errors import DataFileError, HeisdError
+from heisd_ros.data_checks import check_demo_hdf5
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,13 @@ def scan_hdf5(demos: str | Path, tasks: Iterable[int] | None = None) -> list[Epi
     wanted = set(tasks) if tasks is not None else None
     refs = []
     for k, path in enumerate(hdf5_files(demos)):
+        try:
+            check_demo_hdf5(path)  # structure, dtypes, finite actions, no external links, before any read
+        except DataFileError as err:
+            if wanted is None:
+                raise DemoDataError(str(err)) from err
+            log.warning("skipping %s", err)
+            continue
         try:
             with h5py.File(path, "r") as f:
                 data = f["data"]
