@@ -82,6 +82,37 @@ def tiny_observations(seed: int, n_episodes: int, n_steps: int) -> list[list[Obs
     return list(episodes.values())
 
 
+def demo_observations(demos: str, model_dir: str, tasks: str, n_episodes: int, n_steps: int) -> list[list[Observation]]:
+    """Recorded LIBERO-layout demonstration episodes as observation sequences (open loop).
+
+    Per task, the model's held-out episodes (`train_log.json` of the model directory) come first,
+    then the rest in file order; `n_steps` <= 0 keeps whole episodes. The database holds every demo,
+    so on these states retrieval finds the episode's own steps: retrieval and heisd figures are an
+    upper bound here, drafter-versus-ar figures are not affected."""
+    import json
+
+    from heisd_ros.models.libero_data import VIEWS, load_episode, scan_hdf5
+    from heisd_ros.tools.train_vla import parse_tasks
+
+    held: set[str] = set()
+    log = Path(model_dir) / "train_log.json"
+    if log.is_file():
+        held = set(json.loads(log.read_text()).get("episodes", {}).get("held_out_sources", []))
+    refs = scan_hdf5(demos, parse_tasks(tasks) if tasks else None)
+    by_task: dict[str, list] = {}
+    for r in sorted(refs, key=lambda r: f"{Path(r.path).name}:{r.demo}" not in held):
+        by_task.setdefault(r.task, []).append(r)
+    out = []
+    for task_refs in by_task.values():
+        for ref in task_refs[:n_episodes]:
+            ep = load_episode(ref)
+            t_end = ep.length if n_steps <= 0 else min(ep.length, n_steps)
+            out.append([Observation({v: ep.images[v][t] for v in VIEWS}, ep.instruction, ep.ee_pos[t]) for t in range(t_end)])
+    if not out:
+        raise SystemExit(f"no demonstration episodes under {demos} for tasks {tasks or 'all'}")
+    return out
+
+
 def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, warmup: int,
               with_profile: bool = False) -> dict:
     measured = stats[warmup:]
@@ -125,9 +156,18 @@ def run(args: argparse.Namespace) -> dict:
     if "ar" not in methods:
         methods = ["ar"] + methods
     paths = PolicyPaths(args.model, args.drafter, args.db, args.calibration, tiny_cache_dir=args.tiny_dir)
-    base_cfg = DecoderConfig(method="heisd", dtype=args.dtype)
+    # Load only the parts the chosen methods need (e.g. no database for ar,drafter).
+    base = "heisd" if {"retrieval", "heisd"} & set(methods) else "drafter" if {"drafter", "specvla"} & set(methods) else "ar"
+    base_cfg = DecoderConfig(method=base, dtype=args.dtype)
+    if args.min_path_prob is not None:
+        base_cfg = dataclasses.replace(
+            base_cfg, drafter_tree=dataclasses.replace(base_cfg.drafter_tree, min_path_prob=args.min_path_prob))
     heisd = load_policy(paths, base_cfg)  # loads model, drafter, database once; the rest share them
-    episodes = tiny_observations(args.seed + 1000, args.episodes, args.steps)
+    if args.demos:
+        episodes = demo_observations(args.demos, args.model, args.tasks, args.episodes, args.steps)
+    else:
+        episodes = tiny_observations(args.seed + 1000, args.episodes, args.steps)
+
     decoders = {m: HybridDecoder(heisd.vla, dataclasses.replace(heisd.cfg, method=m), store=heisd.store,
                                  drafter=heisd.drafter) for m in methods}
     stats: dict[str, list[StepStats]] = {m: [] for m in methods}
@@ -200,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", default="", help="calibration JSON")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--episodes", type=int, default=2, help="held-out episodes per task")
-    p.add_argument("--steps", type=int, default=40, help="steps per episode")
+    p.add_argument("--steps", type=int, default=40, help="steps per episode (<= 0: whole demo episodes)")
+    p.add_argument("--demos", default="", help="LIBERO-layout HDF5 demos to replay open loop instead of synthetic "
+                   "observations (the model's held-out episodes first)")
+    p.add_argument("--tasks", default="", help="with --demos: task indices, e.g. 0-9")
+    p.add_argument("--min-path-prob", type=float, default=None, help="override drafter_tree.min_path_prob")
     p.add_argument("--warmup", type=int, default=3, help="steps excluded from latency statistics")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for comparable timings)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))

@@ -189,3 +189,26 @@ def test_live_features_equal_engine_f_live(artifacts, demos) -> None:
         _, st = ar.step(Observation({v: ep.images[v][t] for v in ("agentview", "wrist")}, ep.instruction, ep.ee_pos[t]))
         assert st.tokens == tuple(int(x) for x in tokens[t])
         np.testing.assert_allclose(ar.f_live, feats[t], rtol=1e-4, atol=1e-5)
+
+
+def test_bench_replays_demo_states_held_out_first(artifacts, demos, tmp_path) -> None:
+    """`heisd bench --demos`: the model's held-out demo episode is decoded first, whole, by every
+    method in turn; strict drafter SD keeps AR's tokens on these real (recorded) states."""
+    from heisd_ros.tools import bench
+
+    log = json.loads((artifacts["model"] / "train_log.json").read_text())
+    held = log["episodes"]["held_out_sources"]
+    assert len(held) == 1
+    eps = bench.demo_observations(str(demos), str(artifacts["model"]), "0", 1, 0)
+    assert len(eps) == 1 and len(eps[0]) == T
+    from heisd_ros.models.libero_data import load_hdf5_episode, scan_hdf5
+
+    ref = next(r for r in scan_hdf5(demos) if f"{Path(r.path).name}:{r.demo}" == held[0])
+    np.testing.assert_array_equal(eps[0][2].images["wrist"], load_hdf5_episode(ref).images["wrist"][2])
+    out = tmp_path / "bench.json"
+    assert bench.main(["--model", str(artifacts["model"]), "--drafter", str(artifacts["drafter"]), "--demos", str(demos),
+                       "--tasks", "0", "--episodes", "2", "--steps", "0", "--warmup", "0", "--methods", "ar,drafter",
+                       "--min-path-prob", "0.5", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["ar"]["steps"] == 2 * T and report["drafter"]["tokens_identical_to_ar"]
+    assert report["_meta"]["config"]["drafter_tree"]["min_path_prob"] == 0.5
