@@ -53,6 +53,9 @@ class BuildDbConfig:
     tasks: tuple[int, ...] | None = None
     """HDF5 task indices to store (None = every file)."""
     fresh: bool = False
+    train_split_only: bool = False
+    """Leave out the episodes the model held out in training (its train_log.json), so open-loop
+    benchmarks on those episodes (`heisd bench --demos`) cannot retrieve their own steps."""
     latency_queries: int = 200
     top_k: int = 5
     batch_size: int = 64
@@ -116,6 +119,13 @@ def run(cfg: BuildDbConfig) -> dict:
     if manifest.get("model_digest") != digest:
         manifest = {"model": str(cfg.model), "model_digest": digest, "done": {}}
     refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
+    held_out: list[str] = []
+    if cfg.train_split_only:
+        log_path = Path(cfg.model) / "train_log.json"
+        if not log_path.is_file():
+            raise ConfigError(f"--train-split-only needs {log_path} (written by heisd train-vla)")
+        held_out = json.loads(log_path.read_text())["episodes"]["held_out_sources"]
+        refs = [r for r in refs if r.kind != "hdf5" or f"{Path(r.path).name}:{r.demo}" not in set(held_out)]
     obs_dim = vla.vision_backbone.out_dim * 2
     store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
                        obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)
@@ -153,7 +163,8 @@ def run(cfg: BuildDbConfig) -> dict:
         "git_revision": git_revision(),
         "threads": cfg.threads,
         "model_digest": digest,
-        "episodes": len(refs), "episodes_skipped_as_done": skipped, "points_written": written,
+        "episodes": len(refs), "held_out_left_out": len(held_out) if cfg.train_split_only else 0,
+        "episodes_skipped_as_done": skipped, "points_written": written,
         "points": total, "tasks": tasks, "obs_dim": obs_dim, "feat_dim": vla.hidden_size,
         "disk_mb": size_mb,
         "apparent_mb": sum(st.st_size for st in files) / 2**20,
@@ -176,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collection", default=d.collection)
     p.add_argument("--tasks", default=None, help="HDF5 task indices, e.g. 0-7 (default: every file)")
     p.add_argument("--fresh", action="store_true", help="delete an existing database at --out first")
+    p.add_argument("--train-split-only", action="store_true",
+                   help="leave out the episodes the model held out in training (open-loop benchmarks on them)")
     p.add_argument("--latency-queries", type=int, default=d.latency_queries)
     p.add_argument("--top-k", type=int, default=d.top_k)
     p.add_argument("--batch-size", type=int, default=d.batch_size)

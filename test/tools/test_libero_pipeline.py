@@ -212,3 +212,23 @@ def test_bench_replays_demo_states_held_out_first(artifacts, demos, tmp_path) ->
     report = json.loads(out.read_text())
     assert report["ar"]["steps"] == 2 * T and report["drafter"]["tokens_identical_to_ar"]
     assert report["_meta"]["config"]["drafter_tree"]["min_path_prob"] == 0.5
+
+
+def test_build_db_train_split_only_leaves_out_held_out_episodes(artifacts, demos, tmp_path) -> None:
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.tools import build_db
+
+    out = tmp_path / "db_train"
+    assert build_db.main(["--model", str(artifacts["model"]), "--demos", str(demos), "--out", str(out),
+                          "--train-split-only", "--latency-queries", "0", "--no-progress"]) == 0
+    report = json.loads((out / "build_db_report.json").read_text())
+    assert report["episodes"] == 1 and report["held_out_left_out"] == 1
+    held = json.loads((artifacts["model"] / "train_log.json").read_text())["episodes"]["held_out_sources"][0]
+    held_demo = int(held.rsplit("demo_", 1)[1])
+    store = make_store(StoreConfig(backend="edge", path=str(out), collection="heisd_demos"), obs_dim=2560, feat_dim=32)
+    try:
+        episodes = {p.episode for p in store.scroll()}
+        assert store.count() == T and len(episodes) == 1 and held_demo not in {e % 1000 for e in episodes}
+    finally:
+        store.close()
