@@ -198,7 +198,9 @@ def test_remote_database_silent_mid_episode_falls_back_then_reconnects(vla, draf
 
     obs = helpers.random_obs(11)
     ref = helpers.ar_tokens(ar, obs)
-    cfg = StoreConfig(backend="remote", url=qdrant_server.url, timeout_s=0.3, reconnect_backoff_s=0.5,
+    # The backoff must outlast one decoding step even on a loaded machine (a step took > 0.5 s
+    # there), else the "backing off" step below already makes its reconnect attempt.
+    cfg = StoreConfig(backend="remote", url=qdrant_server.url, timeout_s=0.3, reconnect_backoff_s=2.0,
                       task_cache_ttl_s=0.0)  # fmt: skip
     with make_store(cfg, obs_dim=128, feat_dim=vla.hidden_size, create=True) as s:
         s.upsert([DemoPoint(dataset="f", task=obs.instruction, instruction=obs.instruction, episode=0, step=0,
