@@ -162,6 +162,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.min_path_prob is not None:
         base_cfg = dataclasses.replace(
             base_cfg, drafter_tree=dataclasses.replace(base_cfg.drafter_tree, min_path_prob=args.min_path_prob))
+    if args.max_tree_nodes is not None:
+        base_cfg = dataclasses.replace(
+            base_cfg, retrieval=dataclasses.replace(base_cfg.retrieval, max_tree_nodes=args.max_tree_nodes))
     heisd = load_policy(paths, base_cfg)  # loads model, drafter, database once; the rest share them
     if args.demos:
         episodes = demo_observations(args.demos, args.model, args.tasks, args.episodes, args.steps)
@@ -245,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "observations (the model's held-out episodes first)")
     p.add_argument("--tasks", default="", help="with --demos: task indices, e.g. 0-9")
     p.add_argument("--min-path-prob", type=float, default=None, help="override drafter_tree.min_path_prob")
+    p.add_argument("--max-tree-nodes", type=int, default=None, help="override retrieval.max_tree_nodes")
     p.add_argument("--warmup", type=int, default=3, help="steps excluded from latency statistics")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for comparable timings)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))

@@ -208,10 +208,11 @@ def test_bench_replays_demo_states_held_out_first(artifacts, demos, tmp_path) ->
     out = tmp_path / "bench.json"
     assert bench.main(["--model", str(artifacts["model"]), "--drafter", str(artifacts["drafter"]), "--demos", str(demos),
                        "--tasks", "0", "--episodes", "2", "--steps", "0", "--warmup", "0", "--methods", "ar,drafter",
-                       "--min-path-prob", "0.5", "--json", str(out)]) == 0
+                       "--min-path-prob", "0.5", "--max-tree-nodes", "9", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["ar"]["steps"] == 2 * T and report["drafter"]["tokens_identical_to_ar"]
     assert report["_meta"]["config"]["drafter_tree"]["min_path_prob"] == 0.5
+    assert report["_meta"]["config"]["retrieval"]["max_tree_nodes"] == 9
 
 
 def test_build_db_train_split_only_leaves_out_held_out_episodes(artifacts, demos, tmp_path) -> None:
