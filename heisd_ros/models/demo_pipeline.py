@@ -189,18 +189,25 @@ def progress_bar(total: int, desc: str, enabled: bool = True):
     return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
 
 
+def held_out_sources(model_dir: str | Path) -> set[str]:
+    """`EpisodeRef.source` of the episodes the model held out in training (its train_log.json);
+    empty when the directory has no such log."""
+    log_path = Path(model_dir) / "train_log.json"
+    if not log_path.is_file():
+        return set()
+    return set(json.loads(log_path.read_text()).get("episodes", {}).get("held_out_sources", []))
+
+
 def held_out_split(refs: Sequence[EpisodeRef], model_dir: str | Path, val_fraction: float, seed: int):
     """(train, held-out) refs: the episodes `train_log.json` of the model held out when it exists
     (so the drafter and its acceptance figures never see the VLA's held-out episodes), else a
     fresh seeded split."""
     from heisd_ros.models.libero_data import split_episodes
 
-    log_path = Path(model_dir) / "train_log.json"
-    if log_path.is_file():
-        held = set(json.loads(log_path.read_text()).get("episodes", {}).get("held_out_sources", []))
-        if held:
-            val = [r for r in refs if f"{Path(r.path).name}:{r.demo}" in held]
-            return [r for r in refs if r not in val], val
+    held = held_out_sources(model_dir)
+    if held:
+        val = [r for r in refs if r.source in held]
+        return [r for r in refs if r not in val], val
     return split_episodes(refs, val_fraction, seed)
 
 

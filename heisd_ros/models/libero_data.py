@@ -72,6 +72,11 @@ class EpisodeRef:
     init_state_index: int = -1
 
     @property
+    def source(self) -> str:
+        """'<file name>:<demo group>': how train-vla's log names its held-out episodes."""
+        return f"{Path(self.path).name}:{self.demo}"
+
+    @property
     def key(self) -> str:
         """Stable cache key of the episode's pixels."""
         return f"{Path(self.path).stem}__{self.demo}" if self.kind == "hdf5" else f"bag__{self.dataset}__{self.episode}"

@@ -28,6 +28,7 @@ import torch
 
 from heisd_ros.core.config import METHODS, DecoderConfig
 from heisd_ros.core.types import Observation, StepStats
+from heisd_ros.tools.eval_report import mode_floor_ms
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize", "total")
 PROFILE_STAGES = ("vision", "projector", "retrieval", "draft", "prompt", "forward", "accept", "detokenize")
@@ -36,11 +37,8 @@ logic, KV commit, bookkeeping); `python` is whatever the total leaves unaccounte
 
 
 def step_floor_ms(st: StepStats) -> float:
-    """The floor of this step's mode (issue 5): vision (+projector) + retrieval (if issued) + at most
-    one LLM forward (prefill fused with verification); a skipped step has no forward."""
-    lat = st.latency_ms
-    first_forward = st.forward_ms[0] if st.forward_ms else 0.0
-    return lat.get("vision", 0.0) + lat.get("projector", 0.0) + lat.get("retrieval", 0.0) + first_forward
+    """The floor of this step's mode (`eval_report.mode_floor_ms`)."""
+    return mode_floor_ms(st.latency_ms, st.forward_ms)
 
 
 def profile(stats: list[StepStats]) -> dict:
@@ -89,18 +87,14 @@ def demo_observations(demos: str, model_dir: str, tasks: str, n_episodes: int, n
     then the rest in file order; `n_steps` <= 0 keeps whole episodes. The database holds every demo,
     so on these states retrieval finds the episode's own steps: retrieval and heisd figures are an
     upper bound here, drafter-versus-ar figures are not affected."""
-    import json
-
+    from heisd_ros.models.demo_pipeline import held_out_sources
     from heisd_ros.models.libero_data import VIEWS, load_episode, scan_hdf5
     from heisd_ros.tools.train_vla import parse_tasks
 
-    held: set[str] = set()
-    log = Path(model_dir) / "train_log.json"
-    if log.is_file():
-        held = set(json.loads(log.read_text()).get("episodes", {}).get("held_out_sources", []))
+    held = held_out_sources(model_dir)
     refs = scan_hdf5(demos, parse_tasks(tasks) if tasks else None)
     by_task: dict[str, list] = {}
-    for r in sorted(refs, key=lambda r: f"{Path(r.path).name}:{r.demo}" not in held):
+    for r in sorted(refs, key=lambda r: r.source not in held):
         by_task.setdefault(r.task, []).append(r)
     out = []
     for task_refs in by_task.values():

@@ -99,7 +99,14 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 
 def run(cfg: BuildDbConfig) -> dict:
     from heisd_ros.core.config import StoreConfig
-    from heisd_ros.models.demo_pipeline import collect_refs, episode_points, model_digest, progress_bar, write_json
+    from heisd_ros.models.demo_pipeline import (
+        collect_refs,
+        episode_points,
+        held_out_sources,
+        model_digest,
+        progress_bar,
+        write_json,
+    )
     from heisd_ros.models.libero_data import load_episode
     from heisd_ros.models.loader import load_vla
     from heisd_ros.store.factory import make_store
@@ -119,13 +126,13 @@ def run(cfg: BuildDbConfig) -> dict:
     if manifest.get("model_digest") != digest:
         manifest = {"model": str(cfg.model), "model_digest": digest, "done": {}}
     refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
-    held_out: list[str] = []
+    held_out: set[str] = set()
     if cfg.train_split_only:
-        log_path = Path(cfg.model) / "train_log.json"
-        if not log_path.is_file():
-            raise ConfigError(f"--train-split-only needs {log_path} (written by heisd train-vla)")
-        held_out = json.loads(log_path.read_text())["episodes"]["held_out_sources"]
-        refs = [r for r in refs if r.kind != "hdf5" or f"{Path(r.path).name}:{r.demo}" not in set(held_out)]
+        held_out = held_out_sources(cfg.model)
+        if not held_out:
+            raise ConfigError(f"--train-split-only needs {Path(cfg.model) / 'train_log.json'} with held-out "
+                              "episodes (written by heisd train-vla)")
+        refs = [r for r in refs if r.kind != "hdf5" or r.source not in held_out]
     obs_dim = vla.vision_backbone.out_dim * 2
     store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
                        obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +124,16 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
     return {"n": int(v.size), "median": float(np.median(v)), "p95": float(np.percentile(v, 95)), "mean": float(v.mean())}
 
 
+def mode_floor_ms(latency_ms: Mapping[str, float], forward_ms: Sequence[float]) -> float:
+    """The floor of a step's mode (issue 5): vision (+ projector) + retrieval (if issued) + at most
+    one LLM forward (prefill fused with verification); a skipped step has no forward."""
+    first = forward_ms[0] if forward_ms else 0.0
+    return latency_ms.get("vision", 0.0) + latency_ms.get("projector", 0.0) + latency_ms.get("retrieval", 0.0) + first
+
+
 def floor_ms(step: dict[str, Any]) -> float | None:
-    """The floor of a logged step's mode (issue 5; bench.step_floor_ms on a JSONL record): vision
-    (+ projector) + retrieval + the first LLM forward; None for records written before `fwd_ms`."""
-    if "fwd_ms" not in step:
-        return None
-    ms = step["ms"]
-    first = step["fwd_ms"][0] if step["fwd_ms"] else 0.0
-    return ms.get("vision", 0.0) + ms.get("projector", 0.0) + ms.get("retrieval", 0.0) + first
+    """`mode_floor_ms` of a logged JSONL step; None for records written before `fwd_ms`."""
+    return mode_floor_ms(step["ms"], step["fwd_ms"]) if "fwd_ms" in step else None
 
 
 def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -227,7 +227,7 @@ def run(cfg: TrainVLAConfig) -> dict:
         "prompt_tokens": len(vla._prompt_ids(train[0].instruction)) + int(train[0].patches.shape[0]),
         "hash_collisions": collisions,
         "episodes": {"train": len(train_refs), "held_out": len(val_refs),
-                     "held_out_sources": [f"{Path(r.path).name}:{r.demo}" for r in val_refs]},
+                     "held_out_sources": [r.source for r in val_refs]},
         "steps": {"train": len(train), "held_out": len(val)},
         "loss_curve": [float(x) for x in losses],
         "held_out_curve": curve,
