@@ -44,6 +44,14 @@ def embed_views(vla, images: list[np.ndarray]) -> tuple[np.ndarray, torch.Tensor
     return (pooled / pooled.norm().clamp_min(1e-12)).cpu().numpy(), patches
 
 
+def prompt_patches(vla, patches: torch.Tensor) -> torch.Tensor:
+    """Patch features of all views [V, N, C] -> the ones the prompt reads [V_prompt * N, C]."""
+    n = getattr(vla, "prompt_views", 1)
+    if patches.shape[0] < n:
+        raise InvalidObservationError(f"the model's prompt reads {n} views, the policy gives {patches.shape[0]}")
+    return patches[:n].flatten(0, 1)
+
+
 class _StepDecode:
     """Token state of one control step: fixed tokens, the features that produced them, caches."""
 
@@ -103,6 +111,9 @@ class HybridDecoder:
     def __init__(self, vla, cfg: DecoderConfig, store=None, drafter: EagleDrafter | None = None) -> None:
         _require(cfg.method not in NEEDS_DRAFTER or drafter is not None, f"method {cfg.method!r} needs a drafter")
         _require(cfg.method not in NEEDS_STORE or store is not None, f"method {cfg.method!r} needs a database")
+        n_prompt = getattr(vla, "prompt_views", 1)
+        _require(len(cfg.views) >= n_prompt,
+                 f"the model's prompt reads {n_prompt} views (primary first); views {list(cfg.views)} has fewer")
         self.vla = vla
         self.cfg = cfg
         self.store = store
@@ -178,12 +189,12 @@ class HybridDecoder:
 
     # -- stages --------------------------------------------------------------------------------
     def _vision(self, obs: Observation, lat: dict) -> tuple[np.ndarray, torch.Tensor]:
-        """(retrieval query, primary view's patch features [N, C]); the projector runs only when
-        the LLM does (`_new_decode`), so a skipped step pays for vision and retrieval alone."""
+        """(retrieval query, the prompt views' patch features [V*N, C]); the projector runs only
+        when the LLM does (`_new_decode`), so a skipped step pays for vision and retrieval alone."""
         with self._timed(lat, "vision"):
             query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views])
         self.last_query = query
-        return query, patches[0]
+        return query, prompt_patches(self.vla, patches)
 
     def _maybe_retrieve(self, obs: Observation, query: np.ndarray, st: StepStats, lat: dict) -> list[Hit]:
         method = self.cfg.method
@@ -232,7 +243,7 @@ class HybridDecoder:
         with self._timed(lat, "projector"):
             visual = self.vla.projector(patches)
         with self._timed(lat, "prompt"):
-            prompt = self.vla.prompt_embeds(obs.instruction, visual)[0]
+            prompt = self.vla.prompt_embeds(obs.instruction, visual, state=obs.ee_pos)[0]
         target = TargetSession(self.vla.language_model, self.head)
         drafter = None
         if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:

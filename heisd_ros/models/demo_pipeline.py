@@ -3,8 +3,9 @@
 Shared by `heisd train-vla`, `train-drafter`, `build-db` and `calibrate` (the mini VLA on LIBERO
 demos); `tiny_artifacts` does the same for synthetic data in memory.
 
-- `FeatureCache`: the frozen vision backbone's patch features of the primary view, computed once
-  per demo step and kept on disk (fp16 .npy per episode), so training runs projector + LLM only.
+- `FeatureCache`: the frozen vision backbone's patch features of the views the prompt reads,
+  computed once per demo step and kept on disk (fp16 .npy per episode and view), so training runs
+  projector + LLM only.
 - `episode_examples`: `Example`s (cached patches, the demo's OpenVLA action tokens).
 - `token_accuracy`: teacher-forced top-1 accuracy of the VLA on examples.
 - `episode_points`: `DemoPoint`s of one episode (obs = `embed_views` over all views; feat /
@@ -16,6 +17,7 @@ demos); `tiny_artifacts` does the same for synthetic data in memory.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 from heisd_ros.core.action_tokenizer import NormStats
-from heisd_ros.core.engine import embed_views
+from heisd_ros.core.engine import embed_views, prompt_patches
 from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.models.libero_data import VIEWS, DemoEpisode, EpisodeRef, load_episode
 from heisd_ros.models.training import Example, action_logits, greedy_decode, teacher_forced
@@ -42,7 +44,8 @@ def model_fingerprint(vla) -> str:
 
 
 class FeatureCache:
-    """Patch features [T, N, C] (fp16) of an episode's primary view, under `<directory>/<fingerprint>/`."""
+    """Patch features [T, V*N, C] (fp16) of an episode's prompt views, under `<directory>/<fingerprint>/`
+    (one file per view: `<key>.npy` for the primary view, `<key>.v<i>.npy` for view i)."""
 
     def __init__(self, directory: str | Path, vla, batch_size: int = 32) -> None:
         self.vla = vla
@@ -51,18 +54,25 @@ class FeatureCache:
         self.computed = 0
         self.hits = 0
 
-    def path(self, ref: EpisodeRef) -> Path:
-        return self.dir / f"{ref.key}.npy"
+    def path(self, ref: EpisodeRef, view: int = 0) -> Path:
+        return self.dir / (f"{ref.key}.npy" if view == 0 else f"{ref.key}.v{view}.npy")
+
+    def is_complete(self, ref: EpisodeRef) -> bool:
+        return all(self.path(ref, v).is_file() for v in range(getattr(self.vla, "prompt_views", 1)))
 
     def get(self, ref: EpisodeRef, episode: DemoEpisode | None = None) -> np.ndarray:
-        p = self.path(ref)
+        views = [self._view(ref, v, episode) for v in range(getattr(self.vla, "prompt_views", 1))]
+        return views[0] if len(views) == 1 else np.concatenate(views, axis=1)
+
+    def _view(self, ref: EpisodeRef, view: int, episode: DemoEpisode | None) -> np.ndarray:
+        p = self.path(ref, view)
         if p.is_file():
             arr = np.load(p, mmap_mode="r")
             if ref.length < 0 or arr.shape[0] == ref.length:
                 self.hits += 1
                 return np.asarray(arr)
         episode = episode or load_episode(ref)
-        feats = primary_features(self.vla, episode.images[VIEWS[0]], self.batch_size)
+        feats = primary_features(self.vla, episode.images[VIEWS[view]], self.batch_size)
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + f".{os.getpid()}.tmp.npy")
         np.save(tmp, feats)
@@ -86,14 +96,15 @@ def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
 
 
 def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache) -> list[Example]:
-    """One Example per step of the episode, with cached primary-view patches and the demo's tokens."""
-    cached = ref.kind == "hdf5" and cache.path(ref).is_file()
+    """One Example per step of the episode, with cached prompt-view patches, the end-effector
+    position and the demo's tokens."""
+    cached = ref.kind == "hdf5" and cache.is_complete(ref)
     episode = load_episode(ref, with_images=not cached)
     feats = cache.get(ref, None if cached else episode)
     tokens = episode_tokens(vla, stats, episode.actions)
     if len(feats) != len(tokens):
         raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
-    return [Example([], episode.instruction, tokens[t], feats[t]) for t in range(len(tokens))]
+    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t]) for t in range(len(tokens))]
 
 
 def token_accuracy(vla, examples: Sequence[Example], batch_size: int = 64) -> dict:
@@ -160,7 +171,8 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
         for t in range(episode.length):
             query, patches = embed_views(vla, episode.views(t))
             queries.append(query)
-            examples.append(Example([], episode.instruction, tokens[t], patches[0]))
+            examples.append(Example([], episode.instruction, tokens[t], prompt_patches(vla, patches),
+                                    episode.ee_pos[t]))
     feats = action_features(vla, examples, batch_size)
     points = []
     for t in range(episode.length):
@@ -273,7 +285,7 @@ def own_examples(vla, refs: Sequence[EpisodeRef], cache: FeatureCache, greedy: G
     for r in refs:
         examples = episode_examples(vla, stats, r, cache)
         tokens, feats = greedy.get(r, examples)
-        out += [Example(ex.images, ex.instruction, tokens[t], ex.patches) for t, ex in enumerate(examples)]
+        out += [dataclasses.replace(ex, tokens=tokens[t]) for t, ex in enumerate(examples)]
         live.append(feats)
         bar.update(1)
     bar.close()

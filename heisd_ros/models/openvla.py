@@ -62,7 +62,10 @@ class OpenVLAAdapter:
         pixels = self.processor.image_processor(pil, return_tensors="pt")["pixel_values"]
         return pixels.to(device=self.device, dtype=self.dtype)
 
-    def prompt_embeds(self, instruction: str, visual: torch.Tensor) -> torch.Tensor:
+    prompt_views = 1
+    """OpenVLA's prompt holds the primary view only, and no robot state."""
+
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None) -> torch.Tensor:
         ids = self._prompt_cache.get(instruction)
         if ids is None:
             text = PROMPT_TEMPLATE.format(instruction=instruction.strip().lower().rstrip("."))

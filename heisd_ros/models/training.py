@@ -7,6 +7,7 @@ cross-entropy against the VLA's own greedy tokens (Spec-VLA/EAGLE recipe), with 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -25,8 +26,10 @@ class Example:
     instruction: str
     tokens: np.ndarray  # [7] action token ids
     patches: np.ndarray | torch.Tensor | None = None
-    """Cached vision-backbone features of the primary view [N, C]; when set, `images` is not
+    """Cached vision-backbone features of the prompt views [V*N, C]; when set, `images` is not
     read (the backbone is frozen, so its output can be computed once and reused)."""
+    state: np.ndarray | None = None
+    """End-effector position [3] (read only by a model with `proprio_dim` > 0)."""
 
 
 def _batches(examples: Sequence[Example], batch_size: int, steps: int, seed: int):
@@ -42,23 +45,30 @@ def _batches(examples: Sequence[Example], batch_size: int, steps: int, seed: int
         yield rng.sample(group, min(batch_size, len(group)))
 
 
-def primary_patches(vla, batch: Sequence[Example]) -> torch.Tensor:
-    """Backbone features of each example's primary view [B, N, C] (cached ones where present)."""
+def prompt_patches(vla, batch: Sequence[Example]) -> torch.Tensor:
+    """Backbone features of each example's prompt views [B, V*N, C] (cached ones where present)."""
     if all(ex.patches is not None for ex in batch):
         rows = [ex.patches if torch.is_tensor(ex.patches) else torch.from_numpy(np.array(ex.patches, np.float32))
                 for ex in batch]
         return torch.stack([r.to(device=vla.device, dtype=vla.dtype) for r in rows])
-    return vla.vision_backbone(vla.preprocess([ex.images[0] for ex in batch]))
+    n = getattr(vla, "prompt_views", 1)
+    patches = vla.vision_backbone(vla.preprocess([img for ex in batch for img in ex.images[:n]]))
+    return patches.reshape(len(batch), -1, patches.shape[-1])
+
+
+def prompt_batch(vla, batch: Sequence[Example]) -> torch.Tensor:
+    """Prompt embeddings of a batch with one instruction [B, P, D]."""
+    visual = vla.projector(prompt_patches(vla, batch))  # [B, V*N, D]
+    return torch.stack([vla.prompt_embeds(ex.instruction, visual[i], state=ex.state)[0] for i, ex in enumerate(batch)])
 
 
 def teacher_forced(vla, batch: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Run prompt + action tokens causally. Returns (hidden [B, P+7, D], input embeds [B, P+7, D], P)."""
-    visual = vla.projector(primary_patches(vla, batch))  # [B, N, D]
-    prompts = torch.stack([vla.prompt_embeds(ex.instruction, visual[i])[0] for i, ex in enumerate(batch)])
+    prompt = prompt_batch(vla, batch)
     tokens = torch.tensor(np.stack([ex.tokens for ex in batch]), device=vla.device)
-    embeds = torch.cat([prompts, vla.get_input_embeddings()(tokens)], dim=1)
+    embeds = torch.cat([prompt, vla.get_input_embeddings()(tokens)], dim=1)
     hidden = vla.language_model.model(inputs_embeds=embeds).last_hidden_state
-    return hidden, embeds, prompts.shape[1]
+    return hidden, embeds, prompt.shape[1]
 
 
 def _optimise(loss: torch.Tensor, params, opt, sched) -> float:
@@ -113,7 +123,7 @@ def greedy_tokens(vla, examples: Sequence[Example], batch_size: int = 1, use_cac
     keeps the input order.
     """
     tokens, _ = greedy_decode(vla, examples, batch_size, use_cache)
-    return [Example(ex.images, ex.instruction, tokens[k], ex.patches) for k, ex in enumerate(examples)]
+    return [dataclasses.replace(ex, tokens=tokens[k]) for k, ex in enumerate(examples)]
 
 
 def greedy_decode(
@@ -132,8 +142,7 @@ def greedy_decode(
             while j < len(examples) and j - i < batch_size and examples[j].instruction == examples[i].instruction:
                 j += 1
             batch = examples[i:j]
-            visual = vla.projector(primary_patches(vla, batch))
-            embeds = torch.stack([vla.prompt_embeds(ex.instruction, visual[k])[0] for k, ex in enumerate(batch)])
+            embeds = prompt_batch(vla, batch)
             cache = None
             if use_cache:
                 from transformers import DynamicCache

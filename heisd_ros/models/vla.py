@@ -42,8 +42,24 @@ class VLAConfig:
     append_ids: tuple[int, ...] = ()
     """Ids appended after the prompt (OpenVLA appends 29871 for LLaMA-2 tokenizers)."""
     unnorm_key: str = "default"
+    prompt_views: int = 1
+    """How many views' patch features enter the prompt, in the policy's view order (primary
+    first). OpenVLA uses 1; the mini VLA also reads the wrist view (2), which costs no extra
+    vision time because the retrieval query already embeds every view."""
+    proprio_dim: int = 0
+    """0: no state input (OpenVLA). 3: the end-effector position enters the prompt as one
+    projected token after the patches, normalised by `proprio_mean` / `proprio_std`."""
+    proprio_mean: tuple[float, ...] = ()
+    proprio_std: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.prompt_views < 1:
+            raise ModelLoadError("prompt_views must be >= 1")
+        if self.proprio_dim < 0 or (self.proprio_dim and not (
+                len(self.proprio_mean) == len(self.proprio_std) == self.proprio_dim)):
+            raise ModelLoadError("proprio_dim needs proprio_mean and proprio_std of that length")
+        if any(s <= 0 for s in self.proprio_std):
+            raise ModelLoadError("proprio_std must be > 0")
         if self.vision not in VISION_BACKBONES:
             raise ModelLoadError(f"unknown vision backbone {self.vision!r}; known: {sorted(VISION_BACKBONES)}")
         if self.image_size < 8:
@@ -88,6 +104,7 @@ class VLAModel(nn.Module):
             nn.Linear(self.vision_backbone.out_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden)
         )
         self.language_model = LlamaForCausalLM(llm_cfg)
+        self.state_projector = nn.Linear(cfg.proprio_dim, hidden) if cfg.proprio_dim else None
         self.action_tokenizer = ActionTokenizer(llm_cfg.vocab_size)
         self.norm_stats = norm_stats
         self.text_tokenizer = text_tokenizer
@@ -146,11 +163,30 @@ class VLAModel(nn.Module):
             ids = self._prompt_cache[instruction] = tuple(self.text_tokenizer.encode(text))
         return ids
 
-    def prompt_embeds(self, instruction: str, visual: torch.Tensor) -> torch.Tensor:
-        """[BOS] + visual [N, D] + prompt text -> inputs_embeds [1, 1 + N + T_text, D] (OpenVLA order)."""
+    @property
+    def prompt_views(self) -> int:
+        return self.cfg.prompt_views
+
+    def state_token(self, state) -> torch.Tensor:
+        """End-effector position [3] -> one prompt token [1, D] (normalised in float64 first, so a
+        bf16 model still sees millimetres)."""
+        x = np.asarray(state, dtype=np.float64).reshape(-1)
+        if x.shape != (self.cfg.proprio_dim,) or not np.all(np.isfinite(x)):
+            raise InvalidObservationError(f"state must be {self.cfg.proprio_dim} finite numbers, got {state!r}")
+        x = (x - np.asarray(self.cfg.proprio_mean)) / np.asarray(self.cfg.proprio_std)
+        return self.state_projector(torch.as_tensor(x, dtype=self.dtype, device=self.device))[None]
+
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None) -> torch.Tensor:
+        """[BOS] + visual [V*N, D] (+ state token) + prompt text -> inputs_embeds [1, P, D]
+        (OpenVLA order; `state` is read only by a model with `proprio_dim` > 0)."""
         ids = torch.tensor(self._prompt_ids(instruction), device=self.device)
         text = self.get_input_embeddings()(ids)
-        return torch.cat([text[:1], visual.to(text.dtype), text[1:]], dim=0)[None]
+        parts = [text[:1], visual.to(text.dtype)]
+        if self.state_projector is not None:
+            if state is None:
+                raise InvalidObservationError("this model reads the end-effector position, but none was given")
+            parts.append(self.state_token(state).to(text.dtype))
+        return torch.cat(parts + [text[1:]], dim=0)[None]
 
     # -- persistence (OpenVLA-like directory: config.json, model.safetensors, dataset_statistics.json)
     def save_pretrained(self, directory: str | Path) -> None:

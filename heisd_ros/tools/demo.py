@@ -8,9 +8,11 @@ Usage:
 
 What it does, printing progress as it goes:
 1. the policy: `--model auto` (the default) takes the mini LIBERO artifacts of issue 4
-   (artifacts/mini_vla, mini_drafter, mini_db, mini_calibration.json) when all four exist, else the
-   tiny policy, which is trained once with its drafter, database and calibration (cached under
-   artifacts/tiny, about 2-3 minutes the first time);
+   (artifacts/mini_vla, mini_drafter, mini_db, mini_calibration.json) when all four exist; else the
+   committed compact copy of that policy (models/mini_libero, `heisd publish-mini`), with a
+   database of the demo task that it builds once (`heisd gen-demos` of 10 expert episodes, then
+   `heisd build-db`: about 4 minutes, cached under artifacts/mini_libero_db); with neither, the
+   tiny policy, trained once with its drafter, database and calibration (artifacts/tiny, 2-3 min);
 2. the input bag: for the mini policy (`--scene libero`), one episode of the scripted expert in
    LIBERO at an evaluation init state (40-49: in no demonstration, database or training set),
    recorded once as rosbag2 MCAP on the node's topics and cached under artifacts/demo_bags (about a
@@ -99,13 +101,29 @@ def mini_artifacts_present(root: Path = Path(".")) -> bool:
         (root / p).exists() for p in MINI_ARTIFACTS.values())
 
 
+PUBLISHED_DB = Path("artifacts/mini_libero_db")
+"""The one-task database the demo builds for the committed mini policy (models/mini_libero)."""
+PUBLISHED_DEMOS = Path("artifacts/mini_libero_demos")
+PUBLISHED_DB_INIT_STATES = "0-9"
+"""Demonstrations for that database: 10 expert episodes of the demo task (about 3 minutes)."""
+
+
 def resolve(cfg: DemoConfig) -> DemoConfig:
-    """Concrete policy paths and scene for `model_dir='auto'` / `scene='auto'`."""
+    """Concrete policy paths and scene for `model_dir='auto'` / `scene='auto'`: the pipeline's
+    artifacts when present, else the committed mini policy (models/mini_libero, with a one-task
+    database the demo builds), else the tiny policy."""
+    from heisd_ros.tools.publish_mini import published_paths, published_present
+
     if cfg.model_dir == "auto":
         if mini_artifacts_present():
             paths = {k: getattr(cfg, k) or v for k, v in MINI_ARTIFACTS.items()}
             paths["model_dir"] = MINI_ARTIFACTS["model_dir"]
             cfg = dataclasses.replace(cfg, **paths, scene="libero" if cfg.scene == "auto" else cfg.scene)
+        elif published_present():
+            paths = {k: getattr(cfg, k) or str(v) for k, v in published_paths().items()}
+            paths["model_dir"] = str(published_paths()["model_dir"])
+            db = cfg.db_path or str(PUBLISHED_DB / f"{cfg.libero_suite}_task{cfg.libero_task}")
+            cfg = dataclasses.replace(cfg, **paths, db_path=db, scene="libero" if cfg.scene == "auto" else cfg.scene)
         else:
             cfg = dataclasses.replace(cfg, model_dir="tiny")
     if cfg.scene == "auto":
@@ -143,6 +161,29 @@ def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
     raise HeisdError(f"the expert solved none of init states {cfg.libero_init_state}-49 of task {cfg.libero_task}")
 
 
+def ensure_task_db(cfg: DemoConfig, say=print) -> None:
+    """Build `cfg.db_path` for the demo task when it does not exist: `heisd gen-demos` (10 expert
+    episodes at training init states 0-9) then `heisd build-db` with the policy's own backbone."""
+    if Path(cfg.db_path).exists():
+        return
+    from heisd_ros.tools import build_db, gen_demos
+
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    task = str(cfg.libero_task)
+    say(f"      no database at {cfg.db_path}: generating demonstrations of task {task} (about 3 min)")
+    if gen_demos.main(["--suite", cfg.libero_suite, "--tasks", task, "--init-states", PUBLISHED_DB_INIT_STATES,
+                       "--out", str(PUBLISHED_DEMOS), "--seed", str(cfg.seed), "--no-bags"]) != 0:
+        raise HeisdError("gen-demos failed; see its output above")
+    say(f"      building the database {cfg.db_path}")
+    tmp = Path(cfg.db_path + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if build_db.main(["--model", cfg.model_dir, "--demos", str(PUBLISHED_DEMOS / cfg.libero_suite),
+                      "--out", str(tmp), "--tasks", task, "--fresh"]) != 0:
+        raise HeisdError("build-db failed; see its output above")
+    tmp.rename(cfg.db_path)
+
+
 def _bag_steps(bag: Path) -> int:
     import yaml
 
@@ -165,6 +206,8 @@ def run(cfg: DemoConfig, say=print) -> dict:
         build_tiny_artifacts(DEFAULT_TINY_DIR, progress=lambda m: say(f"      {m}"))
     else:
         say(f"[1/3] policy from {cfg.model_dir}")
+        if cfg.db_path and cfg.db_path.startswith(str(PUBLISHED_DB)):
+            ensure_task_db(cfg, say)
     run_dir = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
     while run_dir.exists():
         run_dir = run_dir.with_name(run_dir.name + "x")

@@ -4,13 +4,15 @@ Usage:
     heisd train-vla --demos artifacts/demos/libero_object --out artifacts/mini_vla \
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
+        [--prompt-views 1|2] [--proprio]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
 small LLaMA decoder trained from scratch (default 6 layers, hidden 384, 6 heads / 2 KV heads,
 MLP 1024; docs/mini_vla.md explains the measured choice), with the word-hash prompt tokenizer and 256 OpenVLA
-action tokens at the end of the vocabulary. Only the primary view (agentview) feeds the prompt;
-both views form the retrieval query later (DESIGN §2.1). Norm stats (q01/q99) come from the
-training episodes' actions.
+action tokens at the end of the vocabulary. By default only the primary view (agentview) feeds
+the prompt, as in OpenVLA; `--prompt-views 2` adds the wrist view's patches and `--proprio` one
+token of the end-effector position (docs/mini_vla.md). Both views form the retrieval query
+either way (DESIGN §2.1). Norm stats (q01/q99) come from the training episodes' actions.
 
 The frozen backbone's patch features are computed once per demo step and cached on disk
 (`--cache-dir`, default `<out>_features/`), so training runs the projector and the LLM only.
@@ -64,11 +66,15 @@ class TrainVLAConfig:
     bf16_autocast: bool = True
     """Train under bf16 autocast (about 2x faster on CPUs with AVX-512 BF16; weights stay fp32)."""
     threads: int = 1
+    prompt_views: int = 1
+    """Views whose patches enter the prompt (1: agentview, as OpenVLA; 2: + wrist)."""
+    proprio: bool = False
+    """Add the end-effector position as one prompt token (normalised by the training episodes)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
         for name in ("image_size", "hidden_size", "layers", "heads", "kv_heads", "intermediate_size",
-                     "hash_text_ids", "steps", "batch_size", "eval_every_steps", "threads"):
+                     "hash_text_ids", "steps", "batch_size", "eval_every_steps", "threads", "prompt_views"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
         if self.image_size % 32:
@@ -85,8 +91,9 @@ class TrainVLAConfig:
         return Path(self.cache_dir) if self.cache_dir else Path(str(Path(self.out)) + "_features")
 
 
-def mini_vla_config(cfg: TrainVLAConfig):
-    """VLAConfig of the mini VLA: EfficientNet-Lite0 + a LLaMA decoder of the configured size."""
+def mini_vla_config(cfg: TrainVLAConfig, ee_pos: np.ndarray | None = None):
+    """VLAConfig of the mini VLA: EfficientNet-Lite0 + a LLaMA decoder of the configured size
+    (+ the end-effector position token, normalised by `ee_pos` [T, 3] of the training episodes)."""
     from heisd_ros.models.vla import VLAConfig
 
     llm = dict(
@@ -101,8 +108,15 @@ def mini_vla_config(cfg: TrainVLAConfig):
         attn_implementation="sdpa",
         initializer_range=0.02,
     )
+    proprio: dict = {}
+    if cfg.proprio:
+        if ee_pos is None or not len(ee_pos):
+            raise ConfigError("--proprio needs the training episodes' end-effector positions")
+        proprio = dict(proprio_dim=3, proprio_mean=tuple(float(x) for x in ee_pos.mean(0)),
+                       proprio_std=tuple(float(x) for x in np.maximum(ee_pos.std(0), 1e-3)))
     return VLAConfig(vision="efficientnet_lite0", image_size=cfg.image_size, patch_size=32, vision_dim=1280,
-                     llm=llm, tokenizer="hash_words", hash_text_ids=cfg.hash_text_ids, unnorm_key="default")
+                     llm=llm, tokenizer="hash_words", hash_text_ids=cfg.hash_text_ids, unnorm_key="default",
+                     prompt_views=cfg.prompt_views, **proprio)
 
 
 def parse_tasks(text: str | None) -> tuple[int, ...] | None:
@@ -194,8 +208,9 @@ def run(cfg: TrainVLAConfig) -> dict:
     train_refs, val_refs = split_episodes(refs, cfg.val_fraction, cfg.seed)
     if not train_refs:
         raise ConfigError(f"no training episodes in {cfg.demos}")
-    vcfg = mini_vla_config(cfg)
-    actions = np.concatenate([load_episode(r, with_images=False).actions for r in train_refs])
+    train_eps = [load_episode(r, with_images=False) for r in train_refs]
+    actions = np.concatenate([e.actions for e in train_eps])
+    vcfg = mini_vla_config(cfg, np.concatenate([e.ee_pos for e in train_eps]))
     stats = NormStats.fit(actions)
     tok = HashWordTokenizer(cfg.hash_text_ids)
     vla = VLAModel(vcfg, {vcfg.unnorm_key: stats}, tok).eval()
@@ -224,7 +239,7 @@ def run(cfg: TrainVLAConfig) -> dict:
         "threads": cfg.threads,
         "n_params": n_params,
         "n_trainable_params": sum(p.numel() for p in vla.parameters() if p.requires_grad),
-        "prompt_tokens": len(vla._prompt_ids(train[0].instruction)) + int(train[0].patches.shape[0]),
+        "prompt_tokens": len(vla._prompt_ids(train[0].instruction)) + int(train[0].patches.shape[0]) + int(cfg.proprio),
         "hash_collisions": collisions,
         "episodes": {"train": len(train_refs), "held_out": len(val_refs),
                      "held_out_sources": [r.source for r in val_refs]},
@@ -263,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-episodes-per-task", type=int, default=d.max_episodes_per_task)
     p.add_argument("--fp32", dest="bf16_autocast", action="store_false", help="train in fp32 (default: bf16 autocast)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads (default 1)")
+    p.add_argument("--prompt-views", type=int, default=d.prompt_views,
+                   help="views whose patches enter the prompt: 1 = agentview (OpenVLA), 2 = + wrist")
+    p.add_argument("--proprio", action="store_true", help="add the end-effector position as a prompt token")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

@@ -64,3 +64,67 @@ def test_libero_bag_is_reused(tmp_path, monkeypatch) -> None:
         "    - topic_metadata: {name: /instruction}\n      message_count: 1\n")
     path, steps = libero_bag(DemoConfig(libero_init_state=40), say=lambda m: None)
     assert path == demo.DEMO_BAGS / "libero_object_task0_init41" and steps == 117
+
+
+def _fake_published(root: Path) -> None:
+    from heisd_ros.tools.publish_mini import published_paths
+
+    p = published_paths(root / "models" / "mini_libero")
+    p["model_dir"].mkdir(parents=True)
+    (p["model_dir"] / "config.json").write_text("{}")
+    p["drafter_dir"].mkdir(parents=True)
+    (p["drafter_dir"] / "drafter.safetensors").write_bytes(b"")
+    p["calibration_path"].write_text("{}")
+
+
+def test_auto_uses_the_committed_mini_policy_with_a_task_database(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _fake_published(tmp_path)
+    cfg = resolve(DemoConfig(libero_task=3))
+    assert cfg.model_dir == "models/mini_libero/vla" and cfg.drafter_dir == "models/mini_libero/drafter"
+    assert cfg.calibration_path == "models/mini_libero/calibration.json"
+    assert cfg.db_path == str(demo.PUBLISHED_DB / "libero_object_task3") and cfg.scene == "libero"
+    # the pipeline's own artifacts win over the committed copy
+    _fake_mini(tmp_path)
+    assert resolve(DemoConfig()).model_dir == MINI_ARTIFACTS["model_dir"]
+
+
+def test_publish_mini_round_trip(tmp_path) -> None:
+    """publish-mini writes bf16 weights that load and decode like the source (same greedy tokens
+    on most inputs: rounding to bf16 may move a near-tie), plus a manifest of digests."""
+    import json
+
+    import numpy as np
+    import torch
+
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.drafter import EagleDrafter, load_drafter
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.models.loader import load_vla, tiny_vla
+    from heisd_ros.sim.synthetic import random_observation
+    from heisd_ros.tools.publish_mini import PublishConfig, publish, published_paths, published_present
+
+    torch.set_num_threads(1)
+    vla = tiny_vla(seed=2)
+    vla.save_pretrained(tmp_path / "vla")
+    EagleDrafter(vla.language_model.config).save(tmp_path / "drafter")
+    (tmp_path / "cal.json").write_text(json.dumps({"fused_metric": {"tau": 0.5}, "verify_skip": {}}))
+    out = tmp_path / "pub"
+    manifest = publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "cal.json"), str(out)))
+    assert published_present(out) and (out / "manifest.json").is_file()
+    assert set(manifest["files"]) >= {"vla/model.safetensors", "drafter/drafter.safetensors", "calibration.json"}
+    paths = published_paths(out)
+    back = load_vla(paths["model_dir"])
+    assert all(p.dtype == torch.float32 for p in back.parameters())  # loaded into the asked dtype
+    load_drafter(paths["drafter_dir"], back.language_model.config)
+    same = 0
+    a, b = HybridDecoder(vla, DecoderConfig(method="ar")), HybridDecoder(back, DecoderConfig(method="ar"))
+    for seed in range(6):
+        obs = random_observation(seed)
+        same += a.step(obs)[1].tokens == b.step(obs)[1].tokens
+    assert same >= 4
+    with pytest.raises(ConfigError, match="fused_metric"):
+        (tmp_path / "bad.json").write_text("[]")
+        publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "bad.json"), str(out)))
+    assert published_present(out)  # a refused publish leaves the old copy
+    np.testing.assert_equal(json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"], 0.5)

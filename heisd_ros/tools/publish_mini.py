@@ -1,0 +1,122 @@
+"""`heisd publish-mini`: a compact, committed copy of the mini LIBERO policy (issue 4 item 7).
+
+Usage:
+    heisd publish-mini [--model artifacts/mini_vla] [--drafter artifacts/mini_drafter]
+                       [--calibration artifacts/mini_calibration.json] [--out models/mini_libero]
+
+The pipeline's artifacts are git-ignored and take about an hour to rebuild (scripts/mini_pipeline.sh).
+This writes what a fresh clone needs to run the mini policy, small enough to commit:
+- `vla/`: the VLA in the on-disk form `load_vla` reads, weights rounded to bfloat16 (about half
+  the size; the node loads them into its configured dtype), with its train_log.json;
+- `drafter/`: the drafter, bfloat16 likewise;
+- `calibration.json`: τ, min_S, O_dist (unchanged);
+- `manifest.json`: where each part came from (paths, sha256 digests, the git revision).
+
+The database is not published (hundreds of MB): `heisd demo` rebuilds a one-task database from
+freshly generated demonstrations (docs/mini_vla.md, "The demo on a fresh clone").
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from heisd_ros.core.errors import ConfigError
+
+PUBLISHED_DIR = "models/mini_libero"
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    model: str = "artifacts/mini_vla"
+    drafter: str = "artifacts/mini_drafter"
+    calibration: str = "artifacts/mini_calibration.json"
+    out: str = PUBLISHED_DIR
+
+
+def published_paths(root: str | Path = PUBLISHED_DIR) -> dict[str, Path]:
+    r = Path(root)
+    return {"model_dir": r / "vla", "drafter_dir": r / "drafter", "calibration_path": r / "calibration.json"}
+
+
+def published_present(root: str | Path = PUBLISHED_DIR) -> bool:
+    p = published_paths(root)
+    return (p["model_dir"] / "config.json").is_file() and (p["drafter_dir"] / "drafter.safetensors").is_file() \
+        and p["calibration_path"].is_file()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_calibration(path: Path) -> None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"calibration {path} unreadable: {err}") from err
+    if not isinstance(data, dict) or not {"fused_metric", "verify_skip"} <= set(data):
+        raise ConfigError(f"calibration {path} has no fused_metric / verify_skip sections")
+
+
+def publish(cfg: PublishConfig) -> dict:
+    import torch
+
+    from heisd_ros.core.drafter import load_drafter
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.tools.gen_demos import git_revision
+
+    _check_calibration(Path(cfg.calibration))  # refuse a broken file before writing anything
+    out = Path(cfg.out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    paths = published_paths(tmp)
+    vla = load_vla(cfg.model, dtype="bfloat16")
+    vla.save_pretrained(paths["model_dir"])
+    log = Path(cfg.model) / "train_log.json"
+    if log.is_file():
+        shutil.copy2(log, paths["model_dir"] / "train_log.json")
+    drafter = load_drafter(cfg.drafter, vla.language_model.config, torch.bfloat16)
+    drafter.save(paths["drafter_dir"])
+    shutil.copy2(cfg.calibration, paths["calibration_path"])
+    sources = {"model": cfg.model, "drafter": cfg.drafter, "calibration": cfg.calibration}
+    manifest = {
+        "command": "heisd publish-mini " + " ".join(f"--{k} {v}" for k, v in {**sources, "out": cfg.out}.items()),
+        "git_revision": git_revision(),
+        "weights_dtype": "bfloat16",
+        "sources": {
+            "model_safetensors_sha256": _sha256(Path(cfg.model) / "model.safetensors"),
+            "drafter_safetensors_sha256": _sha256(Path(cfg.drafter) / "drafter.safetensors"),
+            "calibration_sha256": _sha256(Path(cfg.calibration)),
+        },
+        "files": {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = PublishConfig()
+    p = argparse.ArgumentParser(prog="heisd publish-mini", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name in ("model", "drafter", "calibration", "out"):
+        p.add_argument(f"--{name}", default=getattr(d, name))
+    cfg = PublishConfig(**vars(p.parse_args(argv)))
+    manifest = publish(cfg)
+    size = sum(f.stat().st_size for f in Path(cfg.out).rglob("*") if f.is_file())
+    print(f"publish-mini: {len(manifest['files'])} files, {size / 1e6:.1f} MB -> {cfg.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The mini VLA's extra prompt inputs: the wrist view's patches and an end-effector position token.
+
+OpenVLA reads one view and no robot state; the mini VLA may read both views (`prompt_views`) and
+the end-effector position (`proprio_dim`). These tests check that the prompt grows as configured,
+that the state reaches the LLM, that it survives save/load, that the engine hands both to the
+model and stays lossless, and that the feature cache keeps one file per prompt view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from heisd_ros.core.config import ConfigError, DecoderConfig
+from heisd_ros.core.drafter import EagleDrafter
+from heisd_ros.core.engine import HybridDecoder
+from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
+from heisd_ros.models.loader import load_vla, tiny_vla, tiny_vla_config
+from heisd_ros.sim.synthetic import random_observation
+
+INSTRUCTION = "pick up the red block"
+
+
+def _cfg(prompt_views: int = 2, proprio: bool = True):
+    extra = dict(proprio_dim=3, proprio_mean=(0.1, 0.0, 0.3), proprio_std=(0.2, 0.2, 0.1)) if proprio else {}
+    return dataclasses.replace(tiny_vla_config(), prompt_views=prompt_views, **extra)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return tiny_vla(seed=1, cfg=_cfg())
+
+
+def test_prompt_holds_every_prompt_view_and_one_state_token(model):
+    plain = tiny_vla(seed=1)
+    n = 16  # tiny: 64 px / 16 px patches = 4 x 4
+    text = len(model._prompt_ids(INSTRUCTION))
+    with torch.inference_mode():
+        one = plain.prompt_embeds(INSTRUCTION, torch.zeros(n, plain.hidden_size))
+        both = model.prompt_embeds(INSTRUCTION, torch.zeros(2 * n, model.hidden_size), state=[0.1, 0.0, 0.3])
+    assert one.shape[1] == text + n
+    assert both.shape[1] == text + 2 * n + 1
+
+
+def test_state_token_moves_the_prompt_and_is_required(model):
+    visual = torch.zeros(32, model.hidden_size)
+    with torch.inference_mode():
+        a = model.prompt_embeds(INSTRUCTION, visual, state=[0.1, 0.0, 0.3])
+        b = model.prompt_embeds(INSTRUCTION, visual, state=[0.1, 0.05, 0.3])
+    state_row = 1 + 32
+    assert not torch.equal(a[0, state_row], b[0, state_row])
+    assert torch.equal(a[0, :state_row], b[0, :state_row]) and torch.equal(a[0, state_row + 1:], b[0, state_row + 1:])
+    with pytest.raises(InvalidObservationError, match="end-effector"):
+        model.prompt_embeds(INSTRUCTION, visual)
+    with pytest.raises(InvalidObservationError, match="finite"):
+        model.prompt_embeds(INSTRUCTION, visual, state=[np.nan, 0.0, 0.0])
+
+
+def test_bad_proprio_config_is_refused():
+    with pytest.raises(ModelLoadError, match="proprio"):
+        dataclasses.replace(tiny_vla_config(), proprio_dim=3, proprio_mean=(0.0,), proprio_std=(1.0,))
+    with pytest.raises(ModelLoadError, match="prompt_views"):
+        dataclasses.replace(tiny_vla_config(), prompt_views=0)
+
+
+def test_save_load_keeps_prompt_inputs(model, tmp_path):
+    model.save_pretrained(tmp_path / "m")
+    back = load_vla(tmp_path / "m")
+    assert back.cfg.prompt_views == 2 and back.cfg.proprio_mean == model.cfg.proprio_mean
+    with torch.inference_mode():
+        assert torch.equal(model.state_token([0.3, -0.1, 0.2]), back.state_token([0.3, -0.1, 0.2]))
+
+
+def test_engine_reads_the_wrist_view_and_the_pose(model):
+    """The LLM's features (f_live) change with the wrist image and with the pose alone."""
+    ar = HybridDecoder(model, DecoderConfig(method="ar"))
+
+    def f_live(obs):
+        ar.reset()
+        ar.step(obs)
+        return ar.f_live.copy()
+
+    base = f_live(random_observation(3))
+    assert np.array_equal(base, f_live(random_observation(3)))
+    other_wrist = random_observation(3)
+    other_wrist.images["wrist"] = random_observation(100).images["wrist"]
+    assert not np.allclose(base, f_live(other_wrist), atol=1e-4)
+    other_pose = random_observation(3)
+    other_pose.ee_pos = other_pose.ee_pos + np.array([0.05, 0.0, 0.0])
+    assert not np.allclose(base, f_live(other_pose), atol=1e-4)
+
+
+def test_engine_refuses_fewer_views_than_the_prompt_reads(model):
+    with pytest.raises(ConfigError, match="prompt reads 2 views"):
+        HybridDecoder(model, DecoderConfig(method="ar", views=("agentview",)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_drafter_decoding_with_prompt_inputs_is_lossless(model, seed):
+    torch.manual_seed(0)
+    drafter = EagleDrafter(model.language_model.config).eval()
+    ar = HybridDecoder(model, DecoderConfig(method="ar"))
+    dec = HybridDecoder(model, DecoderConfig(method="drafter"), drafter=drafter)
+    obs = random_observation(seed)
+    assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens
+
+
+def test_feature_cache_keeps_one_file_per_prompt_view(model, tmp_path):
+    from heisd_ros.models.demo_pipeline import FeatureCache
+    from heisd_ros.models.libero_data import DemoEpisode, EpisodeRef
+
+    rng = np.random.default_rng(0)
+    T = 3
+    images = {v: rng.integers(0, 255, (T, 64, 64, 3), dtype=np.uint8) for v in ("agentview", "wrist")}
+    ref = EpisodeRef(kind="hdf5", path=str(tmp_path / "x.hdf5"), demo="demo_0", dataset="d", task=INSTRUCTION,
+                     episode=0, length=T)
+    ep = DemoEpisode(dataset="d", task=INSTRUCTION, instruction=INSTRUCTION, episode=0, source="x.hdf5:demo_0",
+                     actions=np.zeros((T, 7)), ee_pos=np.zeros((T, 3)), images=images)
+    cache = FeatureCache(tmp_path / "cache", model)
+    feats = cache.get(ref, ep)
+    assert feats.shape == (T, 32, model.vision_backbone.out_dim)
+    assert cache.path(ref, 0).is_file() and cache.path(ref, 1).is_file() and cache.is_complete(ref)
+    again = cache.get(ref)  # from disk, no episode needed
+    assert np.array_equal(again, feats) and cache.hits == 2
+    with torch.inference_mode():
+        wrist = model.vision_backbone(model.preprocess(list(images["wrist"]))).float().numpy()
+    np.testing.assert_allclose(feats[:, 16:], wrist, atol=1e-2)
