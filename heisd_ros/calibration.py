@@ -30,9 +30,28 @@ def passes_sequence_rule(draft_tokens: Sequence[int], target_tokens: Sequence[in
     return all(rule.accepts(d[a:b], t[a:b], a)[0] for a, b in ((0, 3), (3, 6), (6, 7)))
 
 
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """Measured median step times (ms) that a cost-aware tau weighs (`calibrate(tau_rule="cost")`)."""
+
+    drafter_ms: float
+    """A step in drafter mode."""
+    retrieval_pass_ms: float
+    """A retrieval-mode step whose drafts are accepted whole in the fused prefill-verify forward."""
+    retrieval_fail_ms: float
+    """A retrieval-mode step that had to finish with the drafter."""
+
+    def __post_init__(self) -> None:
+        if not all(np.isfinite(v) and v > 0 for v in dataclasses.astuple(self)):
+            raise ConfigError(f"step costs must be positive and finite, got {self}")
+
+
+TAU_RULES = ("balanced", "cost")
+
+
 def calibrate(
     points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, max_points: int = 4000, seed: int = 0,
-    live_prev: dict | None = None,
+    live_prev: dict | None = None, tau_rule: str = "balanced", step_costs: StepCosts | None = None,
 ) -> dict:
     """Calibration dict from demonstration points (heisd_ros.store.schema.DemoPoint).
 
@@ -44,7 +63,15 @@ def calibrate(
       live_prev: optional {(task, episode, step): the VLA's own live feature at the previous step}.
       When given, S_ij = cos(live_prev_i, feat_prev_j), exactly what the online rule compares
       (the live feature comes from the model's own tokens, the stored one from the demo's).
+    tau_rule: 'balanced' (DESIGN §5: the threshold that best separates passing from failing
+      steps, by balanced accuracy) or 'cost' (the threshold with the least expected step time
+      under `step_costs`: where drafts pass often enough, retrieval pays even if F does not
+      separate; both rules are reported in meta).
     """
+    if tau_rule not in TAU_RULES:
+        raise ConfigError(f"tau_rule must be one of {TAU_RULES}, got {tau_rule!r}")
+    if tau_rule == "cost" and step_costs is None:
+        raise ConfigError("tau_rule 'cost' needs step_costs")
     rng = np.random.default_rng(seed)
     rule = SequenceRelaxedRule()
     episodes: dict[tuple[str, int], list] = {}
@@ -103,7 +130,18 @@ def calibrate(
             if id(p) in f_of:
                 f_vals.append(f_of[id(p)])
                 f_pass.append(ok_any)
-    tau = _best_threshold(np.array(f_vals), np.array(f_pass, dtype=bool), default=fused.tau)
+    f_arr, ok_arr = np.array(f_vals), np.array(f_pass, dtype=bool)
+    tau_balanced = _best_threshold(f_arr, ok_arr, default=fused.tau)
+    tau = tau_balanced
+    cost_meta = {}
+    if step_costs is not None:
+        tau_cost = cheapest_threshold(f_arr, ok_arr, step_costs, default=fused.tau)
+        cost_meta = {"step_costs_ms": dataclasses.asdict(step_costs),
+                     "expected_step_ms": {"balanced": expected_step_ms(f_arr, ok_arr, tau_balanced, step_costs),
+                                          "cost": expected_step_ms(f_arr, ok_arr, tau_cost, step_costs)},
+                     "tau_balanced": tau_balanced, "tau_cost": tau_cost}
+        if tau_rule == "cost":
+            tau = tau_cost
     # Verify-skip is only ever considered in retrieval mode, so its thresholds are calibrated on
     # the pairs the boundary would send there (F_i >= tau).
     in_retrieval = np.array(pair_f) >= tau
@@ -117,12 +155,33 @@ def calibrate(
             "min_similarity": float(np.clip(skip.min_similarity, *VerifySkipConfig().min_similarity_bounds)),
             "max_distance_m": float(np.clip(skip.max_distance_m, *VerifySkipConfig().max_distance_bounds_m)),
         },
-        "meta": {"n_points": len(points), "n_pairs": len(sims), "pass_rate": float(np.mean(passed)) if passed else 0.0,
+        "meta": {"tau_rule": tau_rule, **cost_meta, "n_points": len(points), "n_pairs": len(sims), "pass_rate": float(np.mean(passed)) if passed else 0.0,
                  "n_pairs_in_retrieval_mode": int(in_retrieval.sum()),
                  "pass_rate_in_retrieval_mode": float(np.mean(np.array(passed)[in_retrieval])) if in_retrieval.any() else 0.0,
                  "retrieval_pass_rate_by_f": {"f": [float(x) for x in f_vals[:2000]], "passed": [bool(x) for x in f_pass[:2000]]},
                  "skip_curve": skip.curve.to_dict()},
     }
+
+
+def expected_step_ms(f: np.ndarray, ok: np.ndarray, tau: float, costs: StepCosts) -> float:
+    """Mean step time if steps with F >= tau go to retrieval (passing or not) and the rest to the drafter."""
+    if f.size == 0:
+        return costs.drafter_ms
+    retrieval = f >= tau
+    per_step = np.where(retrieval, np.where(ok, costs.retrieval_pass_ms, costs.retrieval_fail_ms), costs.drafter_ms)
+    return float(per_step.mean())
+
+
+def cheapest_threshold(f: np.ndarray, ok: np.ndarray, costs: StepCosts, default: float) -> float:
+    """The threshold with the least `expected_step_ms`, from 0 (every step to retrieval) through
+    the 5th..95th percentiles of F to just above its maximum (none); ties go to the higher tau."""
+    if f.size == 0:
+        return default
+    candidates = np.unique(np.concatenate([[0.0], np.quantile(f, np.linspace(0.05, 0.95, 19)),
+                                           [float(f.max()) + 1e-6]]))
+    cost = [expected_step_ms(f, ok, t, costs) for t in candidates]
+    best = min(cost)
+    return float(max(t for t, c in zip(candidates, cost) if c <= best + 1e-9))
 
 
 def _best_threshold(f: np.ndarray, ok: np.ndarray, default: float) -> float:
@@ -163,4 +222,4 @@ def apply_calibration(cfg: DecoderConfig, path: str | Path | None) -> DecoderCon
         return cfg
 
 
-__all__ = ["calibrate", "apply_calibration", "save_calibration", "passes_sequence_rule", "CalibrationError"]
+__all__ = ["calibrate", "StepCosts", "cheapest_threshold", "expected_step_ms", "apply_calibration", "save_calibration", "passes_sequence_rule", "CalibrationError"]

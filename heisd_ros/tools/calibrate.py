@@ -4,6 +4,7 @@ Usage:
     heisd calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos artifacts/demos/libero_object \
         --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR] [--dataset NAME] [--tasks 0-9]
         [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1]
+        [--tau-rule balanced|cost] [--step-costs-from EVAL_LOG | --step-costs-ms D,RP,RF]
 
 Reads every point of the database (`heisd build-db --out`) and runs
 `heisd_ros.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
@@ -16,6 +17,12 @@ Writes the calibration file the node loads (`apply_calibration`), and with `--pl
 matplotlib): `skip_similarity_distance.png` (similarity vs distance of retrieval pairs, pass rate
 per similarity bin, min_S and O_dist) and `fused_metric_pass_fail.png` (F of steps where one of the
 Top-K retrieval drafts passes the sequence-relaxed check vs where all fail, and tau).
+
+tau: `--tau-rule balanced` (default, DESIGN §5) separates passing from failing steps;
+`--tau-rule cost` picks the threshold with the least expected step time, weighing the measured
+step times of drafter mode and of retrieval mode when its drafts pass or fail
+(`--step-costs-from` an eval-libero log, or `--step-costs-ms`). Given costs, both taus and their
+expected step times are recorded in the file's meta either way.
 """
 
 from __future__ import annotations
@@ -53,11 +60,30 @@ class CalibrateConfig:
     max_points: int = 4000
     seed: int = 0
     threads: int = 1
+    tau_rule: str = "balanced"
+    step_costs_from: str = ""
+    """eval-libero log to measure step costs from (`eval_report.step_costs`)."""
+    step_costs_ms: tuple[float, ...] = ()
+    """drafter, retrieval-pass, retrieval-fail step times in ms (instead of a log)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
         if self.neighbours < 1 or self.max_points < 1 or self.threads < 1:
             raise ConfigError("neighbours, max_points and threads must be >= 1")
+        if self.tau_rule not in ("balanced", "cost"):
+            raise ConfigError(f"tau_rule must be balanced or cost, got {self.tau_rule!r}")
+        if self.step_costs_ms and len(self.step_costs_ms) != 3:
+            raise ConfigError("step_costs_ms takes three values: drafter, retrieval-pass, retrieval-fail")
+        if self.tau_rule == "cost" and not (self.step_costs_from or self.step_costs_ms):
+            raise ConfigError("--tau-rule cost needs --step-costs-from or --step-costs-ms")
+
+    def costs(self):
+        from heisd_ros.calibration import StepCosts
+        from heisd_ros.tools.eval_report import step_costs
+
+        if self.step_costs_ms:
+            return StepCosts(*self.step_costs_ms)
+        return step_costs(self.step_costs_from) if self.step_costs_from else None
 
 
 def live_prev_features(vla, points: list, refs: list, cache, greedy, progress: bool) -> dict:
@@ -168,7 +194,7 @@ def run(cfg: CalibrateConfig) -> dict:
     live_s = time.perf_counter() - t_live
     t_cal = time.perf_counter()
     calib = calibrate(points, FusedMetricConfig(), neighbours=cfg.neighbours, max_points=cfg.max_points,
-                      seed=cfg.seed, live_prev=live_prev)
+                      seed=cfg.seed, live_prev=live_prev, tau_rule=cfg.tau_rule, step_costs=cfg.costs())
     calib["meta"].update(
         command="heisd calibrate", config=dataclasses.asdict(cfg), seed=cfg.seed, git_revision=git_revision(),
         live_features=len(live_prev) if live_prev is not None else 0,
@@ -204,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-points", type=int, default=d.max_points)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--tau-rule", default=d.tau_rule, choices=("balanced", "cost"))
+    p.add_argument("--step-costs-from", default="", help="eval-libero log (.jsonl/.jsonl.gz) to measure step costs from")
+    p.add_argument("--step-costs-ms", default="", help="drafter,retrieval-pass,retrieval-fail step times in ms")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -213,10 +242,15 @@ def main(argv: list[str] | None = None) -> int:
 
     args = vars(build_parser().parse_args(argv))
     args["tasks"] = parse_tasks(args["tasks"])
+    args["step_costs_ms"] = tuple(float(x) for x in args["step_costs_ms"].split(",") if x.strip())
     cfg = CalibrateConfig(**args)
     c = run(cfg)
     fm, vs, meta = c["fused_metric"], c["verify_skip"], c["meta"]
     print(f"calibrate: tau {fm['tau']:.3f}, verify-skip {'on' if vs['enabled'] else 'off'} "
           f"(min_S {vs['min_similarity']:.4f}, O_dist {vs['max_distance_m'] * 100:.2f} cm), "
           f"{meta['n_pairs']} pairs, pass rate {meta['pass_rate']:.2f}, {meta['seconds']['total']:.0f} s -> {cfg.out}")
+    if "expected_step_ms" in meta:
+        e = meta["expected_step_ms"]
+        print(f"  tau rule {meta['tau_rule']}: balanced tau {meta['tau_balanced']:.3f} (expected step {e['balanced']:.1f} ms), "
+              f"cost tau {meta['tau_cost']:.3f} (expected step {e['cost']:.1f} ms)")
     return 0

@@ -151,6 +151,36 @@ def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def step_costs(path: str | Path, method: str = "heisd"):
+    """`calibration.StepCosts` from an eval-libero log (.jsonl or .jsonl.gz): the median step time
+    of `method` in drafter mode, in retrieval mode accepted in one forward, and in retrieval mode
+    finished by the drafter (what a cost-aware tau weighs, measured on this machine)."""
+    import gzip
+
+    from heisd_ros.calibration import StepCosts
+
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    groups: dict[str, list[float]] = {"drafter": [], "pass": [], "fail": []}
+    try:
+        with opener(p, "rt") as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("kind") != "episode" or rec.get("method") != method:
+                    continue
+                for st in rec["steps"]:
+                    if st["mode"] == "drafter":
+                        groups["drafter"].append(st["ms"]["total"])
+                    elif st["mode"] == "retrieval":
+                        groups["pass" if st["forwards"] == 1 else "fail"].append(st["ms"]["total"])
+    except (OSError, json.JSONDecodeError, KeyError) as err:
+        raise ConfigError(f"{p}: not a readable eval-libero log ({err})") from err
+    missing = [k for k, v in groups.items() if not v]
+    if missing:
+        raise ConfigError(f"{p}: no {method} steps of kind {missing} to measure step costs from")
+    return StepCosts(*(float(np.median(groups[k])) for k in ("drafter", "pass", "fail")))
+
+
 def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, Any]:
     """Figures of one method over its episodes (all steps of all episodes count)."""
     steps = [s for e in episodes for s in e["steps"]]

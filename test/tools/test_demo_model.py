@@ -128,3 +128,42 @@ def test_publish_mini_round_trip(tmp_path) -> None:
         publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "bad.json"), str(out)))
     assert published_present(out)  # a refused publish leaves the old copy
     np.testing.assert_equal(json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"], 0.5)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_committed_mini_policy_matches_its_manifest_and_decodes() -> None:
+    """models/mini_libero (what `make demo` runs on a fresh clone): every file has the digest its
+    manifest records, and the policy decodes a step of real-shaped input without a database."""
+    import hashlib
+    import json
+
+    import numpy as np
+    import torch
+
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.drafter import load_drafter
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.core.types import Observation
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.tools.publish_mini import PUBLISHED_DIR, published_paths, published_present
+
+    root = REPO / PUBLISHED_DIR
+    if not published_present(root):
+        pytest.skip("models/mini_libero not committed in this checkout")
+    manifest = json.loads((root / "manifest.json").read_text())
+    for rel, digest in manifest["files"].items():
+        assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == digest, rel
+    torch.set_num_threads(1)
+    paths = published_paths(root)
+    vla = load_vla(paths["model_dir"])
+    drafter = load_drafter(paths["drafter_dir"], vla.language_model.config)
+    rng = np.random.default_rng(0)
+    obs = Observation({v: rng.integers(0, 255, (128, 128, 3), dtype=np.uint8) for v in ("agentview", "wrist")},
+                      "pick up the alphabet soup and place it in the basket", np.array([-0.1, 0.0, 0.25]))
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    dec = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter)
+    action, st = ar.step(obs)
+    assert st.llm_forwards == 7 and action.shape == (7,) and np.all(np.isfinite(action))
+    assert dec.step(obs)[1].tokens == st.tokens  # strict drafter SD is lossless on the real weights
