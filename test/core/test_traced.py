@@ -1,0 +1,58 @@
+"""ShapeTracedModule: the vision backbone through a frozen trace per input shape, eager on trouble."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from heisd_ros.core.traced import ShapeTracedModule
+from heisd_ros.models.loader import tiny_vla
+
+
+def test_traced_backbone_matches_eager_and_traces_once_per_shape():
+    torch.manual_seed(0)
+    backbone = tiny_vla(seed=0).vision_backbone
+    traced = ShapeTracedModule(backbone)
+    a, b = torch.randn(2, 3, 64, 64), torch.randn(1, 3, 64, 64)
+    with torch.inference_mode():  # as the engine calls it
+        for x in (a, b, a):
+            torch.testing.assert_close(traced(x), backbone(x), atol=1e-5, rtol=1e-5)
+    assert len(traced._traces) == 2 and not traced.eager_only
+
+
+class _Unstable(nn.Module):
+    """Output changes from call to call: a trace cannot be checked against eager."""
+
+    def forward(self, x):
+        return x + torch.rand_like(x)
+
+
+class _NotTraceable(nn.Module):
+    def forward(self, x):
+        return {"features": x * 2, "shape": list(x.shape)}  # a dict holding a list: the tracer refuses
+
+
+@pytest.mark.parametrize("module, reason", [(_Unstable().eval(), "differs"), (_NotTraceable().eval(), "")])
+def test_untraceable_modules_fall_back_to_eager_with_a_warning(module, reason, caplog):
+    traced = ShapeTracedModule(module)
+    x = torch.ones(2, 3)
+    with caplog.at_level(logging.WARNING), torch.inference_mode():
+        out = traced(x)
+        traced(x)
+    assert traced.eager_only and reason in traced.reason
+    assert "stays eager" in caplog.text and caplog.text.count("stays eager") == 1
+    if isinstance(out, dict):
+        assert torch.equal(out["features"], x * 2)
+    else:
+        assert torch.all((out >= 1) & (out < 2))
+
+
+def test_training_mode_is_never_traced():
+    lin = nn.Linear(3, 2).train()
+    traced = ShapeTracedModule(lin)
+    x = torch.ones(1, 3, requires_grad=True)
+    traced(x).sum().backward()
+    assert x.grad is not None and not traced._traces
