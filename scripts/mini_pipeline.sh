@@ -19,3 +19,8 @@ $H build-db --model artifacts/mini_vla --demos $D --out artifacts/mini_db --task
 wait
 $H calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos $D --tasks 0-9 --threads 2 \
     --out artifacts/mini_calibration.json --plots artifacts/mini_calibration_plots
+# 5. the compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed;
+#    docs/mini_vla.md, "The demo on a fresh clone"). Commit it only for a policy worth shipping:
+#    each new copy adds about 35 MB to the git history.
+$H publish-mini --model artifacts/mini_vla --drafter artifacts/mini_drafter \
+    --calibration artifacts/mini_calibration.json --out models/mini_libero
