@@ -48,7 +48,7 @@ def embed_views(vla, images: list[np.ndarray], backbone=None) -> tuple[np.ndarra
 
 def prompt_patches(vla, patches: torch.Tensor) -> torch.Tensor:
     """Patch features of all views [V, N, C] -> the ones the prompt reads [V_prompt * N, C]."""
-    n = getattr(vla, "prompt_views", 1)
+    n = vla.prompt_views
     if patches.shape[0] < n:
         raise InvalidObservationError(f"the model's prompt reads {n} views, the policy gives {patches.shape[0]}")
     return patches[:n].flatten(0, 1)
@@ -113,9 +113,8 @@ class HybridDecoder:
     def __init__(self, vla, cfg: DecoderConfig, store=None, drafter: EagleDrafter | None = None) -> None:
         _require(cfg.method not in NEEDS_DRAFTER or drafter is not None, f"method {cfg.method!r} needs a drafter")
         _require(cfg.method not in NEEDS_STORE or store is not None, f"method {cfg.method!r} needs a database")
-        n_prompt = getattr(vla, "prompt_views", 1)
-        _require(len(cfg.views) >= n_prompt,
-                 f"the model's prompt reads {n_prompt} views (primary first); views {list(cfg.views)} has fewer")
+        _require(len(cfg.views) >= vla.prompt_views,
+                 f"the model's prompt reads {vla.prompt_views} views (primary first); views {list(cfg.views)} has fewer")
         self.vla = vla
         self.cfg = cfg
         self.backbone = ShapeTracedModule(vla.vision_backbone)  # same outputs, ~20 % less time

@@ -22,6 +22,8 @@ class VLA(Protocol):
     language_model: torch.nn.Module
     """A transformers LLaMA-family *ForCausalLM (its `.model` and `.lm_head` are used)."""
     action_tokenizer: ActionTokenizer
+    prompt_views: int
+    """How many of the policy's views (primary first) the prompt reads: OpenVLA 1."""
 
     @property
     def hidden_size(self) -> int: ...
@@ -36,8 +38,9 @@ class VLA(Protocol):
         """RGB uint8 [H, W, 3] per view -> pixels [V, C, S, S]; InvalidObservationError on bad input."""
         ...
 
-    def prompt_embeds(self, instruction: str, visual: torch.Tensor) -> torch.Tensor:
-        """visual [N, D] -> inputs_embeds [1, T, D] in OpenVLA's order (BOS, patches, prompt text)."""
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None) -> torch.Tensor:
+        """visual [V*N, D] -> inputs_embeds [1, T, D] in OpenVLA's order (BOS, patches, prompt text);
+        `state` (end-effector position [3]) is read only by models that take one."""
         ...
 
     def get_input_embeddings(self) -> torch.nn.Embedding: ...

@@ -58,10 +58,10 @@ class FeatureCache:
         return self.dir / (f"{ref.key}.npy" if view == 0 else f"{ref.key}.v{view}.npy")
 
     def is_complete(self, ref: EpisodeRef) -> bool:
-        return all(self.path(ref, v).is_file() for v in range(getattr(self.vla, "prompt_views", 1)))
+        return all(self.path(ref, v).is_file() for v in range(self.vla.prompt_views))
 
     def get(self, ref: EpisodeRef, episode: DemoEpisode | None = None) -> np.ndarray:
-        views = [self._view(ref, v, episode) for v in range(getattr(self.vla, "prompt_views", 1))]
+        views = [self._view(ref, v, episode) for v in range(self.vla.prompt_views)]
         return views[0] if len(views) == 1 else np.concatenate(views, axis=1)
 
     def _view(self, ref: EpisodeRef, view: int, episode: DemoEpisode | None) -> np.ndarray:
@@ -239,15 +239,22 @@ def collect_refs(demos: str = "", bags: str = "", dataset: str = "", tasks: Sequ
     return refs
 
 
+def hash_file(path: str | Path, h=None):
+    """`h` (a new sha256 by default) updated with the file's bytes, read in 4 MiB chunks."""
+    h = h if h is not None else hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h
+
+
 def model_digest(model_dir: str | Path) -> str:
     """sha256 (first 16 hex) of a saved model's config, statistics and weights."""
     h = hashlib.sha256()
     for name in ("config.json", "dataset_statistics.json", "model.safetensors"):
         p = Path(model_dir) / name
         if p.is_file():
-            with p.open("rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    h.update(chunk)
+            hash_file(p, h)
     return h.hexdigest()[:16]
 
 

@@ -51,7 +51,7 @@ def prompt_patches(vla, batch: Sequence[Example]) -> torch.Tensor:
         rows = [ex.patches if torch.is_tensor(ex.patches) else torch.from_numpy(np.array(ex.patches, np.float32))
                 for ex in batch]
         return torch.stack([r.to(device=vla.device, dtype=vla.dtype) for r in rows])
-    n = getattr(vla, "prompt_views", 1)
+    n = vla.prompt_views
     patches = vla.vision_backbone(vla.preprocess([img for ex in batch for img in ex.images[:n]]))
     return patches.reshape(len(batch), -1, patches.shape[-1])
 

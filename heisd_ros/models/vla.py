@@ -105,6 +105,8 @@ class VLAModel(nn.Module):
         )
         self.language_model = LlamaForCausalLM(llm_cfg)
         self.state_projector = nn.Linear(cfg.proprio_dim, hidden) if cfg.proprio_dim else None
+        self._state_mean = np.asarray(cfg.proprio_mean, dtype=np.float64)
+        self._state_std = np.asarray(cfg.proprio_std, dtype=np.float64)
         self.action_tokenizer = ActionTokenizer(llm_cfg.vocab_size)
         self.norm_stats = norm_stats
         self.text_tokenizer = text_tokenizer
@@ -173,7 +175,7 @@ class VLAModel(nn.Module):
         x = np.asarray(state, dtype=np.float64).reshape(-1)
         if x.shape != (self.cfg.proprio_dim,) or not np.all(np.isfinite(x)):
             raise InvalidObservationError(f"state must be {self.cfg.proprio_dim} finite numbers, got {state!r}")
-        x = (x - np.asarray(self.cfg.proprio_mean)) / np.asarray(self.cfg.proprio_std)
+        x = (x - self._state_mean) / self._state_std
         return self.state_projector(torch.as_tensor(x, dtype=self.dtype, device=self.device))[None]
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None) -> torch.Tensor:

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from heisd_ros.calibration import TAU_RULES
 from heisd_ros.core.errors import CalibrationError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,8 @@ class CalibrateConfig:
     def __post_init__(self) -> None:
         if self.neighbours < 1 or self.max_points < 1 or self.threads < 1:
             raise ConfigError("neighbours, max_points and threads must be >= 1")
-        if self.tau_rule not in ("balanced", "cost"):
-            raise ConfigError(f"tau_rule must be balanced or cost, got {self.tau_rule!r}")
+        if self.tau_rule not in TAU_RULES:
+            raise ConfigError(f"tau_rule must be one of {TAU_RULES}, got {self.tau_rule!r}")
         if self.step_costs_ms and len(self.step_costs_ms) != 3:
             raise ConfigError("step_costs_ms takes three values: drafter, retrieval-pass, retrieval-fail")
         if self.tau_rule == "cost" and not (self.step_costs_from or self.step_costs_ms):
@@ -230,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-points", type=int, default=d.max_points)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--tau-rule", default=d.tau_rule, choices=("balanced", "cost"))
+    p.add_argument("--tau-rule", default=d.tau_rule, choices=TAU_RULES)
     p.add_argument("--step-costs-from", default="", help="eval-libero log (.jsonl/.jsonl.gz) to measure step costs from")
     p.add_argument("--step-costs-ms", default="", help="drafter,retrieval-pass,retrieval-fail step times in ms")
     p.add_argument("--no-progress", dest="progress", action="store_false")

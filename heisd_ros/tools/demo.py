@@ -116,19 +116,23 @@ def resolve(cfg: DemoConfig) -> DemoConfig:
 
     if cfg.model_dir == "auto":
         if mini_artifacts_present():
-            paths = {k: getattr(cfg, k) or v for k, v in MINI_ARTIFACTS.items()}
-            paths["model_dir"] = MINI_ARTIFACTS["model_dir"]
-            cfg = dataclasses.replace(cfg, **paths, scene="libero" if cfg.scene == "auto" else cfg.scene)
+            cfg = _mini_policy(cfg, MINI_ARTIFACTS)
         elif published_present():
-            paths = {k: getattr(cfg, k) or str(v) for k, v in published_paths().items()}
-            paths["model_dir"] = str(published_paths()["model_dir"])
-            db = cfg.db_path or str(PUBLISHED_DB / f"{cfg.libero_suite}_task{cfg.libero_task}")
-            cfg = dataclasses.replace(cfg, **paths, db_path=db, scene="libero" if cfg.scene == "auto" else cfg.scene)
+            db = PUBLISHED_DB / f"{cfg.libero_suite}_task{cfg.libero_task}"
+            cfg = _mini_policy(cfg, {**published_paths(), "db_path": db})
         else:
             cfg = dataclasses.replace(cfg, model_dir="tiny")
     if cfg.scene == "auto":
         cfg = dataclasses.replace(cfg, scene="synthetic")
     return cfg
+
+
+def _mini_policy(cfg: DemoConfig, paths: dict) -> DemoConfig:
+    """cfg running the mini policy at `paths` (model_dir, drafter_dir, db_path, calibration_path)
+    on a LIBERO bag; paths the user gave explicitly win, except the model (it was 'auto')."""
+    chosen = {k: getattr(cfg, k) or str(v) for k, v in paths.items()}
+    chosen["model_dir"] = str(paths["model_dir"])
+    return dataclasses.replace(cfg, **chosen, scene="libero" if cfg.scene == "auto" else cfg.scene)
 
 
 def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:

@@ -19,7 +19,6 @@ freshly generated demonstrations (docs/mini_vla.md, "The demo on a fresh clone")
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -50,14 +49,6 @@ def published_present(root: str | Path = PUBLISHED_DIR) -> bool:
         and p["calibration_path"].is_file()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _check_calibration(path: Path) -> None:
     try:
         data = json.loads(path.read_text())
@@ -71,6 +62,7 @@ def publish(cfg: PublishConfig) -> dict:
     import torch
 
     from heisd_ros.core.drafter import load_drafter
+    from heisd_ros.models.demo_pipeline import hash_file
     from heisd_ros.models.loader import load_vla
     from heisd_ros.tools.gen_demos import git_revision
 
@@ -93,11 +85,11 @@ def publish(cfg: PublishConfig) -> dict:
         "git_revision": git_revision(),
         "weights_dtype": "bfloat16",
         "sources": {
-            "model_safetensors_sha256": _sha256(Path(cfg.model) / "model.safetensors"),
-            "drafter_safetensors_sha256": _sha256(Path(cfg.drafter) / "drafter.safetensors"),
-            "calibration_sha256": _sha256(Path(cfg.calibration)),
+            "model_safetensors_sha256": hash_file(Path(cfg.model) / "model.safetensors").hexdigest(),
+            "drafter_safetensors_sha256": hash_file(Path(cfg.drafter) / "drafter.safetensors").hexdigest(),
+            "calibration_sha256": hash_file(cfg.calibration).hexdigest(),
         },
-        "files": {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
+        "files": {str(p.relative_to(tmp)): hash_file(p).hexdigest() for p in sorted(tmp.rglob("*")) if p.is_file()},
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     shutil.rmtree(out, ignore_errors=True)
