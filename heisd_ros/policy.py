@@ -14,7 +14,7 @@ from pathlib import Path
 from heisd_ros.calibration import apply_calibration
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import load_drafter
-from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
+from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder, query_dim
 from heisd_ros.core.errors import DatabaseUnavailableError, EmptyDatabaseError, ModelLoadError
 from heisd_ros.models.loader import DTYPES, load_vla
 
@@ -83,7 +83,7 @@ def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig |
         drafter = load_drafter(paths.drafter_dir, vla.language_model.config, DTYPES[cfg.dtype]).to(cfg.device)
     cfg = apply_calibration(cfg, paths.calibration_path)
     if store is None and cfg.method in NEEDS_STORE:
-        out_dim = getattr(getattr(vla, "vision_backbone", None), "out_dim", None)  # not every backbone says
-        obs_dim = len(cfg.views) * out_dim if isinstance(out_dim, int) else None
+        per_view = query_dim(vla)  # not every backbone says
+        obs_dim = len(cfg.views) * per_view if isinstance(per_view, int) else None
         store = open_store(cfg, paths, store_cfg, obs_dim=obs_dim, feat_dim=vla.hidden_size)
     return HybridDecoder(vla, cfg, store=store, drafter=drafter)

@@ -38,12 +38,19 @@ def embed_views(vla, images: list[np.ndarray], backbone=None) -> tuple[np.ndarra
     """Backbone on all views in one batch -> (retrieval query [V*C] unit norm, patches [V, N, C]).
 
     The query is the per-view mean over patches, concatenated and L2-normalised (DESIGN §2.1);
-    database builders call this too, so stored and live queries are the same function.
-    `backbone`: a callable standing in for `vla.vision_backbone` (the decoder's traced copy).
+    database builders call this too, so stored and live queries are the same function. A backbone
+    with `query_dim` pools only its first `query_dim` channels (multi-scale tokens keep the
+    stride-32 query). `backbone`: a callable standing in for `vla.vision_backbone` (the
+    decoder's traced copy).
     """
     patches = (backbone or vla.vision_backbone)(vla.preprocess(images))
-    pooled = patches.float().mean(dim=1).flatten()
+    pooled = patches[..., : query_dim(vla)].float().mean(dim=1).flatten()
     return (pooled / pooled.norm().clamp_min(1e-12)).cpu().numpy(), patches
+
+
+def query_dim(vla) -> int | None:
+    """Channels per view in the retrieval query (None: all; OpenVLA's backbone does not say)."""
+    return getattr(vla.vision_backbone, "query_dim", None)
 
 
 def prompt_patches(vla, patches: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,8 @@ class VLAConfig:
     """Architecture of a VLAModel; stored as config.json next to the weights."""
 
     vision: str = "tinyconv"
-    """'tinyconv' (tests) or 'efficientnet_lite0' (mini VLA, real ImageNet weights)."""
+    """'tinyconv' (tests), 'efficientnet_lite0' (mini VLA, real ImageNet weights) or
+    'efficientnet_lite0_ms' (the same, with multi-scale tokens; models/efficientnet.py)."""
     image_size: int = 64
     patch_size: int = 16
     """tinyconv only: patch grid = image_size // patch_size per side."""
@@ -64,6 +65,8 @@ class VLAConfig:
             raise ModelLoadError(f"unknown vision backbone {self.vision!r}; known: {sorted(VISION_BACKBONES)}")
         if self.image_size < 8:
             raise ModelLoadError("image_size must be >= 8")
+        if self.vision == "efficientnet_lite0_ms" and self.image_size % 32:
+            raise ModelLoadError(f"vision {self.vision!r} needs image_size a multiple of 32, got {self.image_size}")
 
 
 class TinyConvBackbone(nn.Module):
@@ -73,7 +76,7 @@ class TinyConvBackbone(nn.Module):
         super().__init__()
         self.patch = nn.Conv2d(3, cfg.vision_dim, cfg.patch_size, stride=cfg.patch_size)
         self.mix = nn.Conv2d(cfg.vision_dim, cfg.vision_dim, 1)
-        self.out_dim = cfg.vision_dim
+        self.out_dim = self.query_dim = cfg.vision_dim
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = self.mix(nn.functional.gelu(self.patch(pixels)))
@@ -83,10 +86,11 @@ class TinyConvBackbone(nn.Module):
 def _efficientnet_backbone(cfg: VLAConfig) -> nn.Module:
     from heisd_ros.models.efficientnet import EfficientNetBackbone
 
-    return EfficientNetBackbone()
+    return EfficientNetBackbone(multiscale=cfg.vision == "efficientnet_lite0_ms")
 
 
-VISION_BACKBONES = {"tinyconv": TinyConvBackbone, "efficientnet_lite0": _efficientnet_backbone}
+VISION_BACKBONES = {"tinyconv": TinyConvBackbone, "efficientnet_lite0": _efficientnet_backbone,
+                    "efficientnet_lite0_ms": _efficientnet_backbone}
 
 
 class VLAModel(nn.Module):

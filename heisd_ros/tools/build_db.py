@@ -133,7 +133,7 @@ def run(cfg: BuildDbConfig) -> dict:
             raise ConfigError(f"--train-split-only needs {Path(cfg.model) / 'train_log.json'} with held-out "
                               "episodes (written by heisd train-vla)")
         refs = [r for r in refs if r.kind != "hdf5" or r.source not in held_out]
-    obs_dim = vla.vision_backbone.out_dim * 2
+    obs_dim = vla.vision_backbone.query_dim * 2
     store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
                        obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)
     written = skipped = 0

@@ -4,14 +4,16 @@ Usage:
     heisd train-vla --demos artifacts/demos/libero_object --out artifacts/mini_vla \
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
-        [--prompt-views 1|2] [--proprio]
+        [--prompt-views 1|2] [--proprio] [--multiscale]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
 small LLaMA decoder trained from scratch (default 6 layers, hidden 384, 6 heads / 2 KV heads,
 MLP 1024; docs/mini_vla.md explains the measured choice), with the word-hash prompt tokenizer and 256 OpenVLA
 action tokens at the end of the vocabulary. By default only the primary view (agentview) feeds
 the prompt, as in OpenVLA; `--prompt-views 2` adds the wrist view's patches and `--proprio` one
-token of the end-effector position (docs/mini_vla.md). Both views form the retrieval query
+token of the end-effector position (docs/mini_vla.md); `--multiscale` stacks the stride-16 and
+stride-8 activations under each patch token into its features (same token count;
+models/efficientnet.py). Both views form the retrieval query
 either way (DESIGN §2.1). Norm stats (q01/q99) come from the training episodes' actions.
 
 The frozen backbone's patch features are computed once per demo step and cached on disk
@@ -70,6 +72,8 @@ class TrainVLAConfig:
     """Views whose patches enter the prompt (1: agentview, as OpenVLA; 2: + wrist)."""
     proprio: bool = False
     """Add the end-effector position as one prompt token (normalised by the training episodes)."""
+    multiscale: bool = False
+    """Multi-scale patch tokens (vision 'efficientnet_lite0_ms'): finer positions, same prompt length."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -114,7 +118,10 @@ def mini_vla_config(cfg: TrainVLAConfig, ee_pos: np.ndarray | None = None):
             raise ConfigError("--proprio needs the training episodes' end-effector positions")
         proprio = dict(proprio_dim=3, proprio_mean=tuple(float(x) for x in ee_pos.mean(0)),
                        proprio_std=tuple(float(x) for x in np.maximum(ee_pos.std(0), 1e-3)))
-    return VLAConfig(vision="efficientnet_lite0", image_size=cfg.image_size, patch_size=32, vision_dim=1280,
+    from heisd_ros.models.efficientnet import MULTISCALE_DIM, OUT_DIM
+
+    vision, dim = ("efficientnet_lite0_ms", MULTISCALE_DIM) if cfg.multiscale else ("efficientnet_lite0", OUT_DIM)
+    return VLAConfig(vision=vision, image_size=cfg.image_size, patch_size=32, vision_dim=dim,
                      llm=llm, tokenizer="hash_words", hash_text_ids=cfg.hash_text_ids, unnorm_key="default",
                      prompt_views=cfg.prompt_views, **proprio)
 
@@ -281,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-views", type=int, default=d.prompt_views,
                    help="views whose patches enter the prompt: 1 = agentview (OpenVLA), 2 = + wrist")
     p.add_argument("--proprio", action="store_true", help="add the end-effector position as a prompt token")
+    p.add_argument("--multiscale", action="store_true",
+                   help="stack stride-16 and stride-8 features into each patch token (same prompt length)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
