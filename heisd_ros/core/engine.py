@@ -138,6 +138,9 @@ class HybridDecoder:
         self.instruction: str | None = None
         self.f_live: np.ndarray | None = None
         self.last_gripper_token: int | None = None
+        self.last_gripper_command = -1.0
+        """The gripper command of the last step (+1 close, -1 open): a prompt input for models
+        with `proprio_prev_gripper`. An episode starts open."""
         self.last_query: np.ndarray | None = None
 
     # -- episode -------------------------------------------------------------------------------
@@ -148,6 +151,7 @@ class HybridDecoder:
         self.skip.reset_episode()
         self.f_live = None
         self.last_gripper_token = None
+        self.last_gripper_command = -1.0
 
     def episode_feedback(self, success: bool) -> None:
         self.skip.feedback(bool(success))
@@ -192,6 +196,7 @@ class HybridDecoder:
         if decode is not None:
             self.f_live = torch.stack(decode.producers).float().mean(0).cpu().numpy()
         self.last_gripper_token = int(tokens[GRIPPER_INDEX])
+        self.last_gripper_command = 1.0 if action[GRIPPER_INDEX] > 0 else -1.0
         self.skip.record(st.skipped)
         lat["total"] = (time.perf_counter() - t0) * 1e3
         return action, st
@@ -252,7 +257,8 @@ class HybridDecoder:
         with self._timed(lat, "projector"):
             visual = self.vla.projector(patches)
         with self._timed(lat, "prompt"):
-            prompt = self.vla.prompt_embeds(obs.instruction, visual, state=obs.ee_pos)[0]
+            prompt = self.vla.prompt_embeds(obs.instruction, visual, state=obs.ee_pos,
+                                            prev_gripper=self.last_gripper_command)[0]
         target = TargetSession(self.vla.language_model, self.head)
         drafter = None
         if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:

@@ -38,9 +38,11 @@ class VLA(Protocol):
         """RGB uint8 [H, W, 3] per view -> pixels [V, C, S, S]; InvalidObservationError on bad input."""
         ...
 
-    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None) -> torch.Tensor:
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
+                      prev_gripper: float | None = None) -> torch.Tensor:
         """visual [V*N, D] -> inputs_embeds [1, T, D] in OpenVLA's order (BOS, patches, prompt text);
-        `state` (end-effector position [3]) is read only by models that take one."""
+        `state` (end-effector position [3]) and `prev_gripper` (the previous step's gripper command,
+        +1 close / -1 open) are read only by models that take them."""
         ...
 
     def get_input_embeddings(self) -> torch.nn.Embedding: ...

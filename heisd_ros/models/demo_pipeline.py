@@ -90,6 +90,14 @@ def primary_features(vla, images: np.ndarray, batch_size: int = 32) -> np.ndarra
     return np.concatenate(out).astype(np.float16)
 
 
+def previous_gripper(actions: np.ndarray) -> np.ndarray:
+    """Raw actions [T, 7] -> the gripper command executed before each step [T] (+1 close, -1 open);
+    -1 before the first step, as the engine assumes after a reset (the robot starts open)."""
+    prev = np.full(len(actions), -1.0)
+    prev[1:] = np.where(np.asarray(actions)[:-1, -1] > 0, 1.0, -1.0)
+    return prev
+
+
 def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
     """Raw actions [T, 7] -> OpenVLA action tokens [T, 7] (q01/q99 normalisation, 256 bins)."""
     return vla.action_tokenizer.encode(stats.normalise(actions))
@@ -104,7 +112,9 @@ def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache
     tokens = episode_tokens(vla, stats, episode.actions)
     if len(feats) != len(tokens):
         raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
-    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t]) for t in range(len(tokens))]
+    prev = previous_gripper(episode.actions)
+    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], float(prev[t]))
+            for t in range(len(tokens))]
 
 
 def token_accuracy(vla, examples: Sequence[Example], batch_size: int = 64) -> dict:
@@ -166,13 +176,14 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
     from heisd_ros.store.schema import DemoPoint
 
     tokens = episode_tokens(vla, stats, episode.actions)
+    prev = previous_gripper(episode.actions)
     queries, examples = [], []
     with torch.inference_mode():
         for t in range(episode.length):
             query, patches = embed_views(vla, episode.views(t))
             queries.append(query)
             examples.append(Example([], episode.instruction, tokens[t], prompt_patches(vla, patches),
-                                    episode.ee_pos[t]))
+                                    episode.ee_pos[t], float(prev[t])))
     feats = action_features(vla, examples, batch_size)
     points = []
     for t in range(episode.length):

@@ -30,6 +30,9 @@ class Example:
     read (the backbone is frozen, so its output can be computed once and reused)."""
     state: np.ndarray | None = None
     """End-effector position [3] (read only by a model with `proprio_dim` > 0)."""
+    prev_gripper: float | None = None
+    """The previous step's gripper command, -1 at an episode's start (read only by a model with
+    `proprio_prev_gripper`)."""
 
 
 def _batches(examples: Sequence[Example], batch_size: int, steps: int, seed: int):
@@ -59,7 +62,8 @@ def prompt_patches(vla, batch: Sequence[Example]) -> torch.Tensor:
 def prompt_batch(vla, batch: Sequence[Example]) -> torch.Tensor:
     """Prompt embeddings of a batch with one instruction [B, P, D]."""
     visual = vla.projector(prompt_patches(vla, batch))  # [B, V*N, D]
-    return torch.stack([vla.prompt_embeds(ex.instruction, visual[i], state=ex.state)[0] for i, ex in enumerate(batch)])
+    return torch.stack([vla.prompt_embeds(ex.instruction, visual[i], state=ex.state, prev_gripper=ex.prev_gripper)[0]
+                        for i, ex in enumerate(batch)])
 
 
 def teacher_forced(vla, batch: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor, int]:

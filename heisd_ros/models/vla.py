@@ -52,6 +52,10 @@ class VLAConfig:
     projected token after the patches, normalised by `proprio_mean` / `proprio_std`."""
     proprio_mean: tuple[float, ...] = ()
     proprio_std: tuple[float, ...] = ()
+    proprio_prev_gripper: bool = False
+    """The state token also reads the previous step's gripper command (+1 close, -1 open; -1 at an
+    episode's start). Descending to an object and lifting it pass through the same poses and
+    nearly the same images; only the gripper state tells them apart (NOTES 18)."""
 
     def __post_init__(self) -> None:
         if self.prompt_views < 1:
@@ -59,6 +63,8 @@ class VLAConfig:
         if self.proprio_dim < 0 or (self.proprio_dim and not (
                 len(self.proprio_mean) == len(self.proprio_std) == self.proprio_dim)):
             raise ModelLoadError("proprio_dim needs proprio_mean and proprio_std of that length")
+        if self.proprio_prev_gripper and not self.proprio_dim:
+            raise ModelLoadError("proprio_prev_gripper needs proprio_dim > 0 (it rides on the state token)")
         if any(s <= 0 for s in self.proprio_std):
             raise ModelLoadError("proprio_std must be > 0")
         if self.vision not in VISION_BACKBONES:
@@ -108,7 +114,8 @@ class VLAModel(nn.Module):
             nn.Linear(self.vision_backbone.out_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden)
         )
         self.language_model = LlamaForCausalLM(llm_cfg)
-        self.state_projector = nn.Linear(cfg.proprio_dim, hidden) if cfg.proprio_dim else None
+        state_in = cfg.proprio_dim + int(cfg.proprio_prev_gripper)
+        self.state_projector = nn.Linear(state_in, hidden) if cfg.proprio_dim else None
         self._state_mean = np.asarray(cfg.proprio_mean, dtype=np.float64)
         self._state_std = np.asarray(cfg.proprio_std, dtype=np.float64)
         self.action_tokenizer = ActionTokenizer(llm_cfg.vocab_size)
@@ -173,25 +180,31 @@ class VLAModel(nn.Module):
     def prompt_views(self) -> int:
         return self.cfg.prompt_views
 
-    def state_token(self, state) -> torch.Tensor:
-        """End-effector position [3] -> one prompt token [1, D] (normalised in float64 first, so a
-        bf16 model still sees millimetres)."""
+    def state_token(self, state, prev_gripper: float | None = None) -> torch.Tensor:
+        """End-effector position [3] (+ previous gripper command) -> one prompt token [1, D]
+        (normalised in float64 first, so a bf16 model still sees millimetres)."""
         x = np.asarray(state, dtype=np.float64).reshape(-1)
         if x.shape != (self.cfg.proprio_dim,) or not np.all(np.isfinite(x)):
             raise InvalidObservationError(f"state must be {self.cfg.proprio_dim} finite numbers, got {state!r}")
         x = (x - self._state_mean) / self._state_std
+        if self.cfg.proprio_prev_gripper:
+            if prev_gripper is None or not np.isfinite(prev_gripper):
+                raise InvalidObservationError("this model reads the previous gripper command, but none was given")
+            x = np.append(x, 1.0 if prev_gripper > 0 else -1.0)
         return self.state_projector(torch.as_tensor(x, dtype=self.dtype, device=self.device))[None]
 
-    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None) -> torch.Tensor:
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
+                      prev_gripper: float | None = None) -> torch.Tensor:
         """[BOS] + visual [V*N, D] (+ state token) + prompt text -> inputs_embeds [1, P, D]
-        (OpenVLA order; `state` is read only by a model with `proprio_dim` > 0)."""
+        (OpenVLA order; `state` is read only by a model with `proprio_dim` > 0, `prev_gripper`
+        only by one with `proprio_prev_gripper`)."""
         ids = torch.tensor(self._prompt_ids(instruction), device=self.device)
         text = self.get_input_embeddings()(ids)
         parts = [text[:1], visual.to(text.dtype)]
         if self.state_projector is not None:
             if state is None:
                 raise InvalidObservationError("this model reads the end-effector position, but none was given")
-            parts.append(self.state_token(state).to(text.dtype))
+            parts.append(self.state_token(state, prev_gripper).to(text.dtype))
         return torch.cat(parts + [text[1:]], dim=0)[None]
 
     # -- persistence (OpenVLA-like directory: config.json, model.safetensors, dataset_statistics.json)

@@ -4,7 +4,7 @@ Usage:
     heisd train-vla --demos artifacts/demos/libero_object --out artifacts/mini_vla \
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
-        [--prompt-views 1|2] [--proprio] [--multiscale]
+        [--prompt-views 1|2] [--proprio [--prev-gripper]] [--multiscale]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
 small LLaMA decoder trained from scratch (default 6 layers, hidden 384, 6 heads / 2 KV heads,
@@ -72,6 +72,8 @@ class TrainVLAConfig:
     """Views whose patches enter the prompt (1: agentview, as OpenVLA; 2: + wrist)."""
     proprio: bool = False
     """Add the end-effector position as one prompt token (normalised by the training episodes)."""
+    prev_gripper: bool = False
+    """The state token also reads the previous step's gripper command (needs `proprio`)."""
     multiscale: bool = False
     """Multi-scale patch tokens (vision 'efficientnet_lite0_ms'): finer positions, same prompt length."""
     progress: bool = True
@@ -89,6 +91,8 @@ class TrainVLAConfig:
             raise ConfigError("val_fraction must be in [0, 1)")
         if self.lr <= 0:
             raise ConfigError("lr must be > 0")
+        if self.prev_gripper and not self.proprio:
+            raise ConfigError("--prev-gripper needs --proprio (it rides on the state token)")
 
     @property
     def feature_cache_dir(self) -> Path:
@@ -117,7 +121,8 @@ def mini_vla_config(cfg: TrainVLAConfig, ee_pos: np.ndarray | None = None):
         if ee_pos is None or not len(ee_pos):
             raise ConfigError("--proprio needs the training episodes' end-effector positions")
         proprio = dict(proprio_dim=3, proprio_mean=tuple(float(x) for x in ee_pos.mean(0)),
-                       proprio_std=tuple(float(x) for x in np.maximum(ee_pos.std(0), 1e-3)))
+                       proprio_std=tuple(float(x) for x in np.maximum(ee_pos.std(0), 1e-3)),
+                       proprio_prev_gripper=cfg.prev_gripper)
     from heisd_ros.models.efficientnet import MULTISCALE_DIM, OUT_DIM
 
     vision, dim = ("efficientnet_lite0_ms", MULTISCALE_DIM) if cfg.multiscale else ("efficientnet_lite0", OUT_DIM)
@@ -288,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-views", type=int, default=d.prompt_views,
                    help="views whose patches enter the prompt: 1 = agentview (OpenVLA), 2 = + wrist")
     p.add_argument("--proprio", action="store_true", help="add the end-effector position as a prompt token")
+    p.add_argument("--prev-gripper", action="store_true",
+                   help="with --proprio: the state token also reads the previous gripper command")
     p.add_argument("--multiscale", action="store_true",
                    help="stack stride-16 and stride-8 features into each patch token (same prompt length)")
     p.add_argument("--no-progress", dest="progress", action="store_false")

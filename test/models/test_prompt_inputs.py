@@ -129,3 +129,72 @@ def test_feature_cache_keeps_one_file_per_prompt_view(model, tmp_path):
     with torch.inference_mode():
         wrist = model.vision_backbone(model.preprocess(list(images["wrist"]))).float().numpy()
     np.testing.assert_allclose(feats[:, 16:], wrist, atol=1e-2)
+
+
+# -- the previous gripper command in the state token (proprio_prev_gripper) ----------------------
+@pytest.fixture(scope="module")
+def gripper_model():
+    torch.set_num_threads(1)
+    return tiny_vla(seed=2, cfg=dataclasses.replace(_cfg(prompt_views=1), proprio_prev_gripper=True))
+
+
+def test_previous_gripper_of_an_episode_starts_open_and_lags_one_step():
+    from heisd_ros.models.demo_pipeline import previous_gripper
+
+    actions = np.zeros((5, 7))
+    actions[:, 6] = [-1.0, 0.9, 1.0, -0.2, -1.0]
+    np.testing.assert_array_equal(previous_gripper(actions), [-1.0, -1.0, 1.0, 1.0, -1.0])
+
+
+def test_prev_gripper_moves_only_the_state_token_and_is_required(gripper_model):
+    m = gripper_model
+    visual = torch.zeros(16, m.hidden_size)
+    with torch.inference_mode():
+        open_ = m.prompt_embeds(INSTRUCTION, visual, state=[0.1, 0.0, 0.3], prev_gripper=-1.0)
+        closed = m.prompt_embeds(INSTRUCTION, visual, state=[0.1, 0.0, 0.3], prev_gripper=1.0)
+        # only the sign counts: the engine and the training data both pass commands, not bins
+        assert torch.equal(closed, m.prompt_embeds(INSTRUCTION, visual, state=[0.1, 0.0, 0.3], prev_gripper=0.7))
+    row = 1 + 16
+    assert not torch.equal(open_[0, row], closed[0, row])
+    assert torch.equal(open_[0, :row], closed[0, :row]) and torch.equal(open_[0, row + 1:], closed[0, row + 1:])
+    with pytest.raises(InvalidObservationError, match="previous gripper"):
+        m.prompt_embeds(INSTRUCTION, visual, state=[0.1, 0.0, 0.3])
+    with pytest.raises(ModelLoadError, match="proprio_prev_gripper"):
+        dataclasses.replace(tiny_vla_config(), proprio_prev_gripper=True)
+
+
+def test_engine_feeds_back_its_own_gripper_command(gripper_model, tmp_path):
+    """The second step's prompt reads the first step's gripper command; reset() reopens it."""
+    ar = HybridDecoder(gripper_model, DecoderConfig(method="ar"))
+    obs = random_observation(5)
+    assert ar.last_gripper_command == -1.0
+    action, _ = ar.step(obs)
+    assert ar.last_gripper_command == (1.0 if action[6] > 0 else -1.0)
+    seen = []
+    real = gripper_model.prompt_embeds
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["prev_gripper"])
+        return real(*args, **kwargs)
+
+    gripper_model.prompt_embeds = spy
+    try:
+        ar.step(obs)
+        ar.reset()
+        ar.step(obs)
+    finally:
+        del gripper_model.prompt_embeds
+    assert seen == [1.0 if action[6] > 0 else -1.0, -1.0]
+    gripper_model.save_pretrained(tmp_path / "g")
+    assert load_vla(tmp_path / "g").cfg.proprio_prev_gripper
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_drafter_decoding_with_prev_gripper_is_lossless(gripper_model, seed):
+    torch.manual_seed(0)
+    drafter = EagleDrafter(gripper_model.language_model.config).eval()
+    ar = HybridDecoder(gripper_model, DecoderConfig(method="ar", views=("agentview",)))
+    dec = HybridDecoder(gripper_model, DecoderConfig(method="drafter", views=("agentview",)), drafter=drafter)
+    for step in range(3):  # later steps read the fed-back gripper command
+        obs = random_observation(seed * 10 + step)
+        assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens
