@@ -87,6 +87,10 @@ class ExpertConfig:
     """Descending hand that moved < 3 mm over this many steps while > 3 cm above the grasp point is blocked."""
     noise_std: float = 0.0
     """Gaussian noise on the six executed pose actions (diversity; see `explore`)."""
+    rot_noise_std: float | None = None
+    """Noise on the three rotation actions instead (None: `noise_std`). Translation-only noise
+    (0.0) widens the visited positions without teaching rotation corrections, which the
+    deadbands otherwise keep at exactly 0."""
     waypoint_jitter_m: float = 0.0
     """Uniform jitter of the grasp point's xy and of the carry height (diversity)."""
 
@@ -103,8 +107,8 @@ class ExpertConfig:
             raise ConfigError("need tilt_deadband_rad >= 0 and 0 <= yaw_deadband_rad < yaw_tol_rad")
         if min(self.close_steps, self.release_steps, self.phase_timeout_steps, self.stall_window_steps) < 1:
             raise ConfigError("step counts must be >= 1")
-        if self.noise_std < 0 or self.waypoint_jitter_m < 0 or self.max_regrasps < 0:
-            raise ConfigError("noise_std, waypoint_jitter_m and max_regrasps must be >= 0")
+        if self.noise_std < 0 or (self.rot_noise_std or 0) < 0 or self.waypoint_jitter_m < 0 or self.max_regrasps < 0:
+            raise ConfigError("noise_std, rot_noise_std, waypoint_jitter_m and max_regrasps must be >= 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +261,11 @@ class WaypointExpert:
         small deviations without teaching the noise itself.
         """
         noisy = np.array(action, dtype=np.float64)
-        if self.config.noise_std > 0 and self.phase not in (Phase.CLOSE, Phase.RELEASE):
-            noisy[:6] = np.clip(noisy[:6] + self._rng.normal(0.0, self.config.noise_std, size=6), -1.0, 1.0)
+        cfg = self.config
+        rot = cfg.noise_std if cfg.rot_noise_std is None else cfg.rot_noise_std
+        if (cfg.noise_std > 0 or rot > 0) and self.phase not in (Phase.CLOSE, Phase.RELEASE):
+            std = np.array([cfg.noise_std] * 3 + [rot] * 3)
+            noisy[:6] = np.clip(noisy[:6] + self._rng.normal(0.0, 1.0, size=6) * std, -1.0, 1.0)
         return noisy
 
     def _grasp_point(self, obj: ObjectPose) -> np.ndarray:

@@ -117,6 +117,31 @@ def test_expert_is_deterministic_per_seed() -> None:
     np.testing.assert_array_equal(actions(), actions())
 
 
+def test_translation_only_noise_leaves_rotation_actions_clean() -> None:
+    """--rot-noise-std 0: the executed rotation actions equal the recorded ones; translation gets
+    the noise. Unset, rotation gets noise_std as before (older demo sets reproduce)."""
+    def executed(cfg: ExpertConfig) -> tuple[np.ndarray, np.ndarray]:
+        scene = PointMassScene(box([0.1, -0.2, 0.01], [0.04, 0.02, 0.01]), box([0.0, 0.25, 0.07], [0.08, 0.08, 0.07]))
+        expert = WaypointExpert(cfg)
+        expert.reset(Goal("in", "cream_cheese_1", "basket_1_region"), seed=3)
+        clean, noisy = [], []
+        for _ in range(25):
+            a = expert.act(scene.observe())
+            n = expert.explore(a)
+            scene.step(n)
+            clean.append(a)
+            noisy.append(n)
+        return np.stack(clean), np.stack(noisy)
+
+    clean, noisy = executed(ExpertConfig(noise_std=0.3, rot_noise_std=0.0))
+    np.testing.assert_array_equal(noisy[:, 3:], clean[:, 3:])
+    assert np.abs(noisy[:, :3] - clean[:, :3]).mean() > 0.1
+    clean, noisy = executed(ExpertConfig(noise_std=0.3))
+    assert np.abs(noisy[:, 3:6] - clean[:, 3:6]).mean() > 0.1
+    with pytest.raises(ConfigError):
+        ExpertConfig(rot_noise_std=-0.1)
+
+
 def test_grasp_heights_and_bowl_rim() -> None:
     cfg = ExpertConfig()
     ee, rot = np.array([0.0, 0.0, 0.3]), down_rotation(math.pi / 2)
