@@ -26,7 +26,7 @@ from heisd_ros.core.errors import DatabaseError, InvalidObservationError, Unknow
 from heisd_ros.core.kinematics import FusedMetric
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
-from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats
+from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats, gripper_command
 from heisd_ros.core.verifier import TargetSession
 from heisd_ros.core.verify_skip import VerifySkipPolicy
 
@@ -50,7 +50,7 @@ def embed_views(vla, images: list[np.ndarray], backbone=None) -> tuple[np.ndarra
 
 def query_dim(vla) -> int | None:
     """Channels per view in the retrieval query (None: all; OpenVLA's backbone does not say)."""
-    return getattr(vla.vision_backbone, "query_dim", None)
+    return vla.vision_backbone.query_dim
 
 
 def prompt_patches(vla, patches: torch.Tensor) -> torch.Tensor:
@@ -196,7 +196,7 @@ class HybridDecoder:
         if decode is not None:
             self.f_live = torch.stack(decode.producers).float().mean(0).cpu().numpy()
         self.last_gripper_token = int(tokens[GRIPPER_INDEX])
-        self.last_gripper_command = 1.0 if action[GRIPPER_INDEX] > 0 else -1.0
+        self.last_gripper_command = gripper_command(action[GRIPPER_INDEX])
         self.skip.record(st.skipped)
         lat["total"] = (time.perf_counter() - t0) * 1e3
         return action, st

@@ -14,6 +14,12 @@ GROUPS: tuple[tuple[int, int], ...] = ((0, 3), (3, 6), (6, 7))
 GRIPPER_INDEX = 6
 
 
+def gripper_command(value: float) -> float:
+    """A gripper action value -> the command it executes: +1.0 close (value > 0), else -1.0 open.
+    The one rule for the previous-gripper prompt input (engine, model and demos)."""
+    return 1.0 if value > 0 else -1.0
+
+
 @dataclass
 class Observation:
     """Everything the policy sees at one control step.

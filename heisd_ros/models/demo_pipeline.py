@@ -29,7 +29,7 @@ import torch
 
 from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.engine import embed_views, prompt_patches
-from heisd_ros.core.types import ACTION_DIM
+from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, gripper_command
 from heisd_ros.models.libero_data import VIEWS, DemoEpisode, EpisodeRef, load_episode
 from heisd_ros.models.training import Example, action_logits, greedy_decode, teacher_forced
 
@@ -94,7 +94,7 @@ def previous_gripper(actions: np.ndarray) -> np.ndarray:
     """Raw actions [T, 7] -> the gripper command executed before each step [T] (+1 close, -1 open);
     -1 before the first step, as the engine assumes after a reset (the robot starts open)."""
     prev = np.full(len(actions), -1.0)
-    prev[1:] = np.where(np.asarray(actions)[:-1, -1] > 0, 1.0, -1.0)
+    prev[1:] = [gripper_command(a) for a in np.asarray(actions)[:-1, GRIPPER_INDEX]]
     return prev
 
 

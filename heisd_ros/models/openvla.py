@@ -97,6 +97,9 @@ class OpenVLAAdapter:
 class _PatchFeatures(torch.nn.Module):
     """OpenVLA's backbone returns patch features [B, N, C] for pixel_values [B, 3 or 6, S, S]."""
 
+    query_dim = None
+    """The retrieval query pools every channel (the fused backbone does not say its width)."""
+
     def __init__(self, backbone) -> None:
         super().__init__()
         self.backbone = backbone

@@ -21,6 +21,7 @@ from torch import nn
 
 from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats, select_stats
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
+from heisd_ros.core.types import gripper_command
 from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE, HFTokenizer, TextTokenizer
 
 
@@ -190,7 +191,7 @@ class VLAModel(nn.Module):
         if self.cfg.proprio_prev_gripper:
             if prev_gripper is None or not np.isfinite(prev_gripper):
                 raise InvalidObservationError("this model reads the previous gripper command, but none was given")
-            x = np.append(x, 1.0 if prev_gripper > 0 else -1.0)
+            x = np.append(x, gripper_command(prev_gripper))
         return self.state_projector(torch.as_tensor(x, dtype=self.dtype, device=self.device))[None]
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
