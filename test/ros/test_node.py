@@ -40,6 +40,10 @@ DOMAIN_ID = 61
 REPO = Path(__file__).resolve().parents[2]
 VIEWS = ("agentview", "wrist")
 SIZE = (8, 8)
+# Data-age limit of the test nodes: wide enough that a 2-core CI machine stalling the executor for a
+# few hundred ms does not turn a fresh set stale (a CI failure at 0.3 s), still far below the sleeps
+# of the staleness cases.
+STALENESS_S = 0.6
 
 
 class FakeDecoder:
@@ -111,6 +115,7 @@ class Rig:
         self.rng = np.random.default_rng(0)
         self.newest_frame_s = 0.0
         self.started = 0
+        self.policy: PolicyNode | None = None
 
     def _on_cmd(self, msg):
         self.commands.append(msg)
@@ -121,7 +126,7 @@ class Rig:
 
     def start(self, decoder=None, **params) -> PolicyNode:
         overrides = {"model_dir": "fake", "control_rate_hz": 20.0, "diagnostics_period_s": 0.2,
-                     "warn_throttle_s": 0.0, "image_staleness_s": 0.3, "pose_staleness_s": 0.3,
+                     "warn_throttle_s": 0.0, "image_staleness_s": STALENESS_S, "pose_staleness_s": STALENESS_S,
                      "expected_image_height": SIZE[0], "expected_image_width": SIZE[1], **params}
         self.decoder = decoder or FakeDecoder()
         self.started += 1  # unique names: rclpy drops /rosout of a re-created node of the same name
@@ -138,6 +143,7 @@ class Rig:
     def stop(self) -> None:
         self.executor.remove_node(self.policy)
         self.policy.destroy_node()
+        self.policy = None
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=2.0)
@@ -145,8 +151,12 @@ class Rig:
         self.node.destroy_node()
         rclpy.shutdown(context=self.ctx)
 
-    def instruct(self, text: str) -> None:
+    def instruct(self, text: str, timeout_s: float = 2.0) -> None:
+        """Publish the instruction and, when a policy node runs, wait until it holds it, so a set
+        published next is not left waiting (and ageing) behind the instruction's delivery."""
         self.pub_instr.publish(String(data=text))
+        if self.policy is not None and text:
+            self.wait(lambda: self.policy._instruction == text.strip(), timeout_s)
 
     def publish_set(self, t=None, pos=(0.1, 0.2, 0.3), views=VIEWS, size=SIZE, encoding="rgb8", mutate=None,
                     pose_t=None, pose_msg=None, pose=True) -> float:
@@ -350,9 +360,9 @@ BAD_INPUTS = {
     "wrong encoding": (lambda r: r.publish_set(mutate=lambda m: setattr(m, "encoding", "16UC1")), "encoding", 1),
     "wrong size": (lambda r: r.publish_set(size=(6, 8)), "wrong image size", 1),
     "truncated data": (lambda r: r.publish_set(mutate=_truncate), "truncated", 1),
-    "missing view": (lambda r: [r.publish_set(views=("agentview",)), time.sleep(0.4),
+    "missing view": (lambda r: [r.publish_set(views=("agentview",)), time.sleep(STALENESS_S + 0.1),
                                 r.publish_set(views=("agentview",))], "wrist", 1),
-    "stale pose": (lambda r: [time.sleep(0.35), r.publish_set(pose=False)], "stale pose", 1),
+    "stale pose": (lambda r: [time.sleep(STALENESS_S + 0.05), r.publish_set(pose=False)], "stale pose", 1),
     "nan pose": (lambda r: r.publish_set(pose_msg=_nan_pose(r)), "not finite", 1),
     "unknown task": (lambda r: [r.instruct("an unknown task"), time.sleep(0.1), r.publish_set()], "unknown task", 2),
     "database missing": (lambda r: [setattr(r.decoder, "db_down", True), r.publish_set()], "database", 2),
