@@ -103,9 +103,17 @@ def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
     return vla.action_tokenizer.encode(stats.normalise(actions))
 
 
-def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache) -> list[Example]:
-    """One Example per step of the episode, with cached prompt-view patches, the end-effector
-    position and the demo's tokens."""
+def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache | None) -> list[Example]:
+    """One Example per step of the episode, with cached prompt-view patches (or, without a
+    cache, the prompt views' images, for a backbone that trains), the end-effector position and
+    the demo's tokens."""
+    if cache is None:
+        episode = load_episode(ref, with_images=True)
+        tokens = episode_tokens(vla, stats, episode.actions)
+        prev = previous_gripper(episode.actions)
+        views = [episode.images[VIEWS[v]] for v in range(vla.prompt_views)]
+        return [Example([v[t] for v in views], episode.instruction, tokens[t], None, episode.ee_pos[t], float(prev[t]))
+                for t in range(len(tokens))]
     cached = ref.kind == "hdf5" and cache.is_complete(ref)
     episode = load_episode(ref, with_images=not cached)
     feats = cache.get(ref, None if cached else episode)

@@ -101,6 +101,21 @@ class EfficientNetBackbone(nn.Module):
     def train(self, mode: bool = True) -> "EfficientNetBackbone":
         return super().train(mode and not self.frozen)
 
+    def fine_tune_tail(self, n_blocks: int) -> list[nn.Parameter]:
+        """Make the last `n_blocks` MBConv blocks and the head convolution trainable; returns
+        their parameters. The module stays in eval mode: BatchNorm keeps the ImageNet running
+        statistics (batches of 32 frames of one scene would give poor ones) and drop-connect
+        stays off, so training and inference run the same function. The stem and the earlier
+        blocks stay frozen, so autograd never enters them (their backward pass at 64 and 32 px
+        is most of the cost: NOTES 20)."""
+        blocks = self.net._blocks
+        if not 0 < n_blocks <= len(blocks):
+            raise ValueError(f"n_blocks must be in 1..{len(blocks)}, got {n_blocks}")
+        tail = [*blocks[len(blocks) - n_blocks :], self.net._conv_head, self.net._bn1]
+        for module in tail:
+            module.requires_grad_(True)
+        return [p for module in tail for p in module.parameters()]
+
     def feature_map(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, S, S] -> [B, out_dim, h, w]: the last convolution's activations, then (multiscale)
         the stride-16 and stride-8 activations under each cell, space-to-depth. The same block loop

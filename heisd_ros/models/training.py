@@ -95,18 +95,48 @@ def _autocast(bf16: bool, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
+def random_shift(images: Sequence[np.ndarray], pad_px: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Each [H, W, 3] image shifted by up to ±`pad_px` pixels in x and y (edge-padded, cropped back
+    to its size): the DrQ / diffusion-policy augmentation, so the policy does not key on exact
+    pixel positions of a handful of demonstrations."""
+    out = []
+    for img in images:
+        h, w = img.shape[:2]
+        padded = np.pad(img, ((pad_px, pad_px), (pad_px, pad_px), (0, 0)), mode="edge")
+        dy, dx = rng.integers(0, 2 * pad_px + 1, size=2)
+        out.append(padded[dy : dy + h, dx : dx + w])
+    return out
+
+
+def _augmented(batch: Sequence[Example], shift_px: int, rng: np.random.Generator) -> Sequence[Example]:
+    if shift_px <= 0:
+        return batch
+    if any(ex.patches is not None for ex in batch):
+        raise ValueError("image augmentation needs examples with images, not cached patches")
+    return [dataclasses.replace(ex, images=random_shift(ex.images, shift_px, rng)) for ex in batch]
+
+
 def train_vla(
     vla, examples: Sequence[Example], steps: int, batch_size: int = 16, lr: float = 1e-3, seed: int = 0,
     progress: Callable[[int, float], None] | None = None, bf16_autocast: bool = False,
+    backbone_lr_scale: float = 0.1, shift_px: int = 0,
 ) -> list[float]:
-    """Cross-entropy on the 7 action tokens; returns the loss curve."""
+    """Cross-entropy on the 7 action tokens; returns the loss curve. Trainable vision-backbone
+    parameters (if any) learn at `backbone_lr_scale` x `lr`, as pretrained weights usually need;
+    `shift_px` > 0 shifts every training image randomly (`random_shift`; examples need images)."""
     torch.manual_seed(seed)
     vla.train()
-    opt = torch.optim.AdamW([p for p in vla.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    backbone_ids = {id(p) for p in vla.vision_backbone.parameters()}
+    trainable = [p for p in vla.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in backbone_ids], "lr": lr},
+              {"params": [p for p in trainable if id(p) in backbone_ids], "lr": lr * backbone_lr_scale}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
     first = vla.action_tokenizer.first_token_id
+    rng = np.random.default_rng(seed)
     losses = []
     for i, batch in enumerate(_batches(examples, batch_size, steps, seed)):
+        batch = _augmented(batch, shift_px, rng)
         with _autocast(bf16_autocast, vla.device):
             hidden, _, p = teacher_forced(vla, batch)
             logits = action_logits(vla, hidden[:, p - 1 : p - 1 + ACTION_DIM])

@@ -5,6 +5,7 @@ Usage:
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
         [--prompt-views 1|2] [--proprio [--prev-gripper]] [--multiscale]
+        [--backbone-blocks N [--backbone-lr-scale 0.1] [--shift-px 8]]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
 small LLaMA decoder trained from scratch (default 6 layers, hidden 384, 6 heads / 2 KV heads,
@@ -18,6 +19,10 @@ either way (DESIGN §2.1). Norm stats (q01/q99) come from the training episodes'
 
 The frozen backbone's patch features are computed once per demo step and cached on disk
 (`--cache-dir`, default `<out>_features/`), so training runs the projector and the LLM only.
+`--backbone-blocks N` fine-tunes the backbone's last N blocks and head instead (BatchNorm
+statistics stay ImageNet's; learning rate x `--backbone-lr-scale`): the frames are then held in
+memory and run through the backbone every step (no cache), optionally shifted by up to
+`--shift-px` pixels. OpenVLA found fine-tuning the vision encoder necessary for control.
 `--val-fraction` of each task's episodes is held out to measure teacher-forced token accuracy.
 
 Writes `<out>/` in the on-disk form `load_vla` reads (config.json, model.safetensors,
@@ -76,6 +81,12 @@ class TrainVLAConfig:
     """The state token also reads the previous step's gripper command (needs `proprio`)."""
     multiscale: bool = False
     """Multi-scale patch tokens (vision 'efficientnet_lite0_ms'): finer positions, same prompt length."""
+    backbone_blocks: int = 0
+    """Fine-tune the backbone's last N MBConv blocks and head (0: frozen backbone, cached features)."""
+    backbone_lr_scale: float = 0.1
+    """Learning rate of the fine-tuned backbone blocks relative to `lr`."""
+    shift_px: int = 0
+    """Random-shift augmentation of training images by up to this many pixels (needs backbone_blocks)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -93,6 +104,13 @@ class TrainVLAConfig:
             raise ConfigError("lr must be > 0")
         if self.prev_gripper and not self.proprio:
             raise ConfigError("--prev-gripper needs --proprio (it rides on the state token)")
+        if not 0 <= self.backbone_blocks <= 16:
+            raise ConfigError("backbone_blocks must be in 0..16 (EfficientNet-Lite0 has 16 blocks)")
+        if self.backbone_lr_scale <= 0:
+            raise ConfigError("backbone_lr_scale must be > 0")
+        if self.shift_px < 0 or (self.shift_px and not self.backbone_blocks):
+            raise ConfigError("shift_px must be >= 0, and image augmentation needs --backbone-blocks "
+                              "(a frozen backbone trains on cached features, not images)")
 
     @property
     def feature_cache_dir(self) -> Path:
@@ -165,12 +183,12 @@ def _hash_collisions(tok, instructions: list[str]) -> list[list[str]]:
 
 
 def _examples(vla, stats, refs, val_refs, cache, progress: bool) -> tuple[list, list]:
-    """(train, held-out) Examples with cached backbone features."""
+    """(train, held-out) Examples with cached backbone features (or images when `cache` is None)."""
     from heisd_ros.models.demo_pipeline import episode_examples, progress_bar
 
     held = set(val_refs)
     train, val = [], []
-    bar = progress_bar(len(refs), "features", progress)
+    bar = progress_bar(len(refs), "features" if cache is not None else "frames", progress)
     for r in refs:
         (val if r in held else train).extend(episode_examples(vla, stats, r, cache))
         bar.update(1)
@@ -199,7 +217,8 @@ def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float
             bar.set_postfix(loss=f"{loss:.3f}", val_acc=f"{acc['token_accuracy']:.3f}")
 
     losses = train_vla(vla, train, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                       progress=progress, bf16_autocast=cfg.bf16_autocast)
+                       progress=progress, bf16_autocast=cfg.bf16_autocast,
+                       backbone_lr_scale=cfg.backbone_lr_scale, shift_px=cfg.shift_px)
     bar.close()
     return losses, curve
 
@@ -228,8 +247,10 @@ def run(cfg: TrainVLAConfig) -> dict:
     vla = VLAModel(vcfg, {vcfg.unnorm_key: stats}, tok).eval()
     collisions = _hash_collisions(tok, sorted({r.task for r in refs}))
 
+    if cfg.backbone_blocks:
+        vla.vision_backbone.fine_tune_tail(cfg.backbone_blocks)
     t_cache = time.perf_counter()
-    cache = FeatureCache(cfg.feature_cache_dir, vla)
+    cache = FeatureCache(cfg.feature_cache_dir, vla) if not cfg.backbone_blocks else None
     train, val = _examples(vla, stats, refs, val_refs, cache, cfg.progress)
     cache_s = time.perf_counter() - t_cache
     t_train = time.perf_counter()
@@ -251,7 +272,7 @@ def run(cfg: TrainVLAConfig) -> dict:
         "threads": cfg.threads,
         "n_params": n_params,
         "n_trainable_params": sum(p.numel() for p in vla.parameters() if p.requires_grad),
-        "prompt_tokens": len(vla._prompt_ids(train[0].instruction)) + int(train[0].patches.shape[0]) + int(cfg.proprio),
+        "prompt_tokens": len(vla._prompt_ids(train[0].instruction)) + cfg.prompt_views * (cfg.image_size // 32) ** 2 + int(cfg.proprio),
         "hash_collisions": collisions,
         "episodes": {"train": len(train_refs), "held_out": len(val_refs),
                      "held_out_sources": [r.source for r in val_refs]},
@@ -260,7 +281,8 @@ def run(cfg: TrainVLAConfig) -> dict:
         "held_out_curve": curve,
         "final": final,
         "seconds": {"features": cache_s, "train": train_s, "eval": eval_s, "total": time.perf_counter() - t0},
-        "feature_cache": {"dir": str(cache.dir), "computed": cache.computed, "reused": cache.hits},
+        "feature_cache": ({"dir": str(cache.dir), "computed": cache.computed, "reused": cache.hits}
+                          if cache is not None else None),
     }
     write_json(Path(cfg.out) / "train_log.json", log)
     return log
@@ -297,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --proprio: the state token also reads the previous gripper command")
     p.add_argument("--multiscale", action="store_true",
                    help="stack stride-16 and stride-8 features into each patch token (same prompt length)")
+    p.add_argument("--backbone-blocks", type=int, default=d.backbone_blocks,
+                   help="fine-tune the backbone's last N blocks + head (0 = frozen, cached features)")
+    p.add_argument("--backbone-lr-scale", type=float, default=d.backbone_lr_scale)
+    p.add_argument("--shift-px", type=int, default=d.shift_px,
+                   help="random-shift augmentation of training images (needs --backbone-blocks)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

@@ -147,3 +147,24 @@ def test_multiscale_mini_vla_query_pools_stride32_channels_only(multiscale) -> N
     assert q_ms.shape == q_plain.shape == (2 * OUT_DIM,)
     np.testing.assert_allclose(q_ms, q_plain, atol=1e-6)
     assert p_ms.shape == (2, 4, MULTISCALE_DIM)
+
+
+def test_fine_tune_tail_trains_only_the_tail_in_eval_mode() -> None:
+    """Only the last blocks and the head get gradients; BatchNorm statistics stay ImageNet's."""
+    b = EfficientNetBackbone()
+    params = b.fine_tune_tail(3)
+    tail_ids = {id(p) for p in params}
+    assert params and all(p.requires_grad for p in params)
+    assert not any(p.requires_grad for p in b.parameters() if id(p) not in tail_ids)
+    assert {id(p) for p in b.net._blocks[-1].parameters()} <= tail_ids
+    assert not tail_ids & {id(p) for p in b.net._blocks[-4].parameters()}
+    torch.nn.Sequential(b).train()
+    assert not b.training and not b.net._bn1.training
+    before = b.net._bn1.running_mean.clone()
+    b(torch.rand(2, 3, 64, 64)).sum().backward()
+    torch.testing.assert_close(b.net._bn1.running_mean, before)
+    assert all(p.grad is not None for p in b.net._conv_head.parameters())
+    assert b.net._blocks[-4]._project_conv.weight.grad is None and b.net._conv_stem.weight.grad is None
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="n_blocks"):
+            EfficientNetBackbone().fine_tune_tail(bad)

@@ -92,6 +92,31 @@ def test_train_vla_writes_a_loadable_mini_vla(artifacts) -> None:
         torch.testing.assert_close(vla.vision_backbone.state_dict()[name], t)
 
 
+def test_train_vla_fine_tunes_the_backbone_tail(demos, tmp_path) -> None:
+    """--backbone-blocks: the tail's weights move and are saved; the stem and early blocks keep
+    the ImageNet weights; no feature cache is written; shift augmentation runs on the frames."""
+    from heisd_ros.core.errors import ConfigError
+    from heisd_ros.models.efficientnet import EfficientNetBackbone
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.tools import train_vla
+
+    out, cache = tmp_path / "ft", tmp_path / "features"
+    assert train_vla.main(["--demos", str(demos), "--out", str(out), "--steps", "2", "--batch-size", "4",
+                           "--val-fraction", "0.5", "--eval-every", "2", "--cache-dir", str(cache),
+                           "--backbone-blocks", "2", "--shift-px", "4", "--backbone-lr-scale", "1.0", *TINY]) == 0
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["feature_cache"] is None and not cache.exists()
+    assert log["config"]["backbone_blocks"] == 2 and log["config"]["shift_px"] == 4
+    fresh = EfficientNetBackbone().net.state_dict()
+    saved = load_vla(out).vision_backbone.net.state_dict()
+    moved = {k for k in fresh if not torch.equal(fresh[k], saved[k])}
+    assert any(k.startswith("_blocks.15.") for k in moved) and any(k.startswith("_conv_head") for k in moved)
+    assert not any(k.startswith(("_conv_stem", "_bn0", "_blocks.0.", "_blocks.13.")) for k in moved)
+    assert not any("running_" in k for k in moved)  # BatchNorm statistics stay ImageNet's
+    with pytest.raises(ConfigError, match="needs --backbone-blocks"):
+        train_vla.TrainVLAConfig(shift_px=4)
+
+
 def test_train_drafter_writes_a_loadable_head(artifacts) -> None:
     from heisd_ros.core.drafter import load_drafter
     from heisd_ros.models.loader import load_vla
