@@ -1,6 +1,7 @@
 """HybridDecoder: one control step of HeiSD and of every baseline (DESIGN §2).
 
-    step(obs): vision (all views, one batch) -> fused metric -> mode
+    step(obs): fused metric -> mode -> vision (one batch: every view if the step retrieves,
+               else the prompt's views)
                retrieval: Top-K -> verify-skip?  -> sequence tree fused into the prefill -> accept
                drafter:   prefill -> EAGLE-2 tree -> verify -> accept ... until 7 tokens
                -> detokenize -> (action, StepStats)
@@ -176,11 +177,12 @@ class HybridDecoder:
         lat = st.latency_ms
         t0 = time.perf_counter()
         with torch.inference_mode():
-            query, patches = self._vision(obs, lat)
             self.metric.push(np.asarray(obs.ee_pos, dtype=np.float64))
             f = self.metric.value()
             st.fused_metric = math.nan if f is None else float(f)
-            hits = self._maybe_retrieve(obs, query, st, lat)
+            wants_retrieval = self._wants_retrieval()
+            query, patches = self._vision(obs, lat, all_views=wants_retrieval)
+            hits = self._maybe_retrieve(obs, query, st, lat) if wants_retrieval else []
             decode = None
             if hits:
                 decode = self._retrieval_mode(obs, hits, patches, st, lat)
@@ -202,20 +204,29 @@ class HybridDecoder:
         return action, st
 
     # -- stages --------------------------------------------------------------------------------
-    def _vision(self, obs: Observation, lat: dict) -> tuple[np.ndarray, torch.Tensor]:
-        """(retrieval query, the prompt views' patch features [V*N, C]); the projector runs only
-        when the LLM does (`_new_decode`), so a skipped step pays for vision and retrieval alone."""
+    def _wants_retrieval(self) -> bool:
+        """Whether this step queries the database (decided before vision: F needs only the pose)."""
+        if self.cfg.method not in NEEDS_STORE:
+            return False
+        return self.cfg.method != "heisd" or self.metric.prefers_retrieval()
+
+    def _vision(self, obs: Observation, lat: dict, all_views: bool) -> tuple[np.ndarray | None, torch.Tensor]:
+        """(retrieval query, the prompt views' patch features [V*N, C]).
+
+        Only a step that queries the database embeds every configured view; any other step runs
+        the backbone on the views the prompt reads (the primary one for OpenVLA), so `ar` and
+        drafter-mode steps do not pay for a camera only retrieval uses (the query is then None).
+        The projector runs only when the LLM does (`_new_decode`), so a skipped step pays for
+        vision and retrieval alone."""
+        views = self.cfg.views if all_views else self.cfg.views[: self.vla.prompt_views]
         with self._timed(lat, "vision"):
-            query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views], self.backbone)
+            query, patches = embed_views(self.vla, [obs.images[v] for v in views], self.backbone)
+        if not all_views:
+            query = None
         self.last_query = query
         return query, prompt_patches(self.vla, patches)
 
     def _maybe_retrieve(self, obs: Observation, query: np.ndarray, st: StepStats, lat: dict) -> list[Hit]:
-        method = self.cfg.method
-        if method not in NEEDS_STORE:
-            return []
-        if method == "heisd" and not self.metric.prefers_retrieval():
-            return []
         with self._timed(lat, "retrieval"):
             try:
                 if not self.store.has_task(obs.task_key):
@@ -223,7 +234,7 @@ class HybridDecoder:
                         raise UnknownTaskError(f"task {obs.task_key!r} has no demonstrations in the database")
                     st.fallback = "task not in database"
                     return []
-                k = 1 if method == "retrieval" else self.cfg.retrieval.top_k
+                k = 1 if self.cfg.method == "retrieval" else self.cfg.retrieval.top_k
                 hits = self.store.search(query, obs.task_key, k)
             except UnknownTaskError:
                 raise
@@ -237,8 +248,11 @@ class HybridDecoder:
     def _retrieval_mode(self, obs, hits: list[Hit], patches, st: StepStats, lat: dict) -> "_StepDecode | None":
         st.mode = "retrieval"
         if self.cfg.method == "heisd" and self.cfg.verify_skip.enabled:
-            for hit in hits:
-                if self.skip.decide(self.f_live, hit, np.asarray(obs.ee_pos), self.last_gripper_token).skip:
+            for i, hit in enumerate(hits):
+                verdict = self.skip.decide(self.f_live, hit, np.asarray(obs.ee_pos), self.last_gripper_token)
+                if i == 0 or verdict.skip:
+                    st.skip_check, st.skip_similarity = verdict.reason, verdict.similarity
+                if verdict.skip:
                     st.mode, st.skipped, st.tokens = "skip", True, tuple(int(t) for t in hit.action_tokens)
                     return None
         with self._timed(lat, "draft"):

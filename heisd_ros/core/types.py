@@ -75,6 +75,11 @@ class StepStats:
     """Wall time of each LLM forward of the step."""
     fused_metric: float = math.nan
     retrieval_score: float = math.nan
+    skip_check: str = ""
+    """heisd retrieval steps: the verify-skip verdict of the best hit ('skip', or the veto that kept
+    it verified: 'low_similarity', 'too_far', 'gripper_mismatch', ...); '' where no check ran."""
+    skip_similarity: float = math.nan
+    """cos(f_live, best hit's feat_prev) where the check got that far, else NaN."""
     tokens: tuple[int, ...] = ()
     fallback: str = ""
     """Why a mode fell back (e.g. database fault -> drafter), '' when nothing fell back."""

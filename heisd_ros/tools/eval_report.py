@@ -218,6 +218,7 @@ def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, A
         "mode_mix": {k: v / n for k, v in sorted(modes.items())},
         "modes": mode_profile(steps),
         "skip_rate": modes.get("skip", 0) / n if n else math.nan,
+        "skip_checks": dict(Counter(s["skip_check"] for s in steps if s.get("skip_check")).most_common()),
         "fallback_steps": sum(1 for s in steps if s.get("fallback")),
         "median_sim_step_ms": float(np.median([s["sim_ms"] for s in steps])) if n else math.nan,
         "mean_episode_cost_s": (sum(s["ms"]["total"] + s["sim_ms"] for s in steps) / 1e3 / len(episodes)
@@ -331,6 +332,12 @@ def markdown(report: dict[str, Any]) -> str:
         for mode, p in report[m].get("modes", {}).items():
             out.append(f"| {m} | {mode} | {p['steps']} | {_f(p['median_step_ms'], '.1f')} | "
                        f"{_f(p['median_floor_ms'], '.1f')} | {_f(p['median_ratio_to_floor'])} |")
+    checks = {m: report[m].get("skip_checks") for m in methods if report[m].get("skip_checks")}
+    if checks:
+        out += ["", "Verify-skip verdicts of the best hit on retrieval steps (why a step was, or was not, skipped):", ""]
+        for m, c in checks.items():
+            total = sum(c.values())
+            out.append(f"- `{m}`: " + ", ".join(f"{k} {v / total:.0%}" for k, v in c.items()) + f" ({total} steps)")
     lat = meta["retrieval_latency_ms"]
     out += ["", (f"Retrieval latency (Top-5, task-filtered, {lat['n']} queries): median {_f(lat['median'], '.2f')} ms, "
                  f"p95 {_f(lat['p95'], '.2f')} ms ({lat['what']}).")]

@@ -10,7 +10,7 @@ import torch
 
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import EagleDrafter
-from heisd_ros.core.engine import HybridDecoder
+from heisd_ros.core.engine import HybridDecoder, embed_views
 from heisd_ros.models.loader import tiny_vla
 from heisd_ros.sim.synthetic import random_observation
 
@@ -26,6 +26,12 @@ class Helpers:
         _, st = ar.step(obs)
         assert st.llm_forwards == 7  # AR accounting: 1 prefill + 6 decode forwards
         return st.tokens
+
+    @staticmethod
+    def query(vla, obs) -> np.ndarray:
+        """The retrieval query of `obs` over both views (what a retrieving step searches with)."""
+        with torch.inference_mode():
+            return embed_views(vla, [obs.images["agentview"], obs.images["wrist"]])[0]
 
     @staticmethod
     def perturbed(tokens, rng: random.Random, first: int, p_keep: float) -> tuple[int, ...]:
@@ -81,7 +87,7 @@ def demo_store(vla, ar):
             feat = np.random.default_rng(seed).normal(size=vla.hidden_size).astype(np.float32)
             points.append(DemoPoint(
                 dataset="t", task=obs.instruction, instruction=obs.instruction, episode=seed * 3 + k, step=0,
-                obs=ar.last_query + 0.001 * k, feat=feat, feat_prev=feat, action=np.zeros(7), action_tokens=tokens,
+                obs=Helpers.query(vla, obs) + 0.001 * k, feat=feat, feat_prev=feat, action=np.zeros(7), action_tokens=tokens,
                 ee_pos=obs.ee_pos, success=True,
             ))
     store.upsert(points)

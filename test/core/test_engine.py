@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import sys
 
@@ -67,6 +68,12 @@ def test_skipped_steps_cost_zero_forwards_and_respect_the_bound(vla, drafter, de
         run = run + 1 if m == "skip" else 0
         assert run <= 2
     assert modes[0] != "skip"  # no live feature before the first verified step
+    # Every retrieval step says why it was (not) skipped (a drafter-mode step ran no check): a
+    # verified step after two skips hit the bound, a skip reports its similarity.
+    assert all((s.skip_check == "") == (s.mode == "drafter") for s in stats)
+    assert all(math.isnan(s.skip_similarity) for s in stats if s.mode == "drafter")
+    assert all(s.skip_check == "skip" and -1.0 <= s.skip_similarity <= 1.0 for s in skips)
+    assert any(s.skip_check == "max_consecutive_skips" for s in stats if not s.skipped)
 
 
 def test_heisd_unknown_task_raises_or_falls_back(vla, drafter, demo_store, helpers):
@@ -92,7 +99,7 @@ def test_database_fault_mid_episode_falls_back_to_drafter_mode(vla, drafter, ar,
     ref = helpers.ar_tokens(ar, obs)
     store = make_store(StoreConfig(backend="local"), obs_dim=128, feat_dim=vla.hidden_size, create=True)
     store.upsert([DemoPoint(dataset="f", task=obs.instruction, instruction=obs.instruction, episode=0, step=0,
-                            obs=ar.last_query, feat=np.ones(vla.hidden_size), feat_prev=np.ones(vla.hidden_size),
+                            obs=helpers.query(vla, obs), feat=np.ones(vla.hidden_size), feat_prev=np.ones(vla.hidden_size),
                             action=np.zeros(7), action_tokens=ref, ee_pos=obs.ee_pos)])
     dec = _heisd(vla, drafter, store, verify_skip=VerifySkipConfig(enabled=False))
     modes = [dec.step(obs)[1].mode for _ in range(3)]
@@ -204,7 +211,7 @@ def test_remote_database_silent_mid_episode_falls_back_then_reconnects(vla, draf
                       task_cache_ttl_s=0.0)  # fmt: skip
     with make_store(cfg, obs_dim=128, feat_dim=vla.hidden_size, create=True) as s:
         s.upsert([DemoPoint(dataset="f", task=obs.instruction, instruction=obs.instruction, episode=0, step=0,
-                            obs=ar.last_query, feat=np.ones(vla.hidden_size), feat_prev=np.ones(vla.hidden_size),
+                            obs=helpers.query(vla, obs), feat=np.ones(vla.hidden_size), feat_prev=np.ones(vla.hidden_size),
                             action=np.zeros(7), action_tokens=ref, ee_pos=obs.ee_pos)])  # fmt: skip
     store = ReconnectingStore(lambda: make_store(cfg, 128, vla.hidden_size), cfg, make_store(cfg))
     dec = _heisd(vla, drafter, store, verify_skip=VerifySkipConfig(enabled=False))

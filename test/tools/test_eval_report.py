@@ -38,6 +38,7 @@ def _run() -> list[dict]:
     ar = [_step(t, "ar", 40.0, [1] * 7) for t in range(4)]
     heisd = [_step(0, "drafter", 20.0, [4, 3]), _step(1, "retrieval", 10.0, [7]),
              _step(2, "skip", 4.0, [], skipped=True), _step(3, "retrieval", 12.0, [3, 4], tokens=(2,) * 7)]
+    heisd[1]["skip_check"], heisd[2]["skip_check"], heisd[3]["skip_check"] = "no_live_feature", "skip", "too_far"
     return [_episode("ar", 0, 40, True, ar), _episode("heisd", 0, 40, True, heisd, search=[1.0, 2.0, 3.0]),
             _episode("ar", 1, 40, False, ar), _episode("heisd", 1, 40, False, ar[:2] + heisd[2:], search=[4.0])]
 
@@ -62,7 +63,9 @@ def test_summary_figures() -> None:
     assert "probe" in probed["what"]
     acc = report["_meta"]["acceptance"]
     assert acc["evaluated"] and acc["success_within_5_points"] and acc["success_gap_points"] == 0.0
+    assert h["skip_checks"] == {"skip": 2, "no_live_feature": 1, "too_far": 2} and not ar["skip_checks"]
     text = markdown(report)
+    assert "- `heisd`: skip 40%, too_far 40%, no_live_feature 20% (5 steps)" in text
     assert "| heisd | 50% (1/2)" in text and "Retrieval latency" in text and "missed" in text
     json.dumps(report, allow_nan=False)  # strict JSON (NaN written as null)
 
