@@ -133,6 +133,24 @@ def _file_digest(name: str) -> str:
     return h.hexdigest()[:16] if files else "missing"
 
 
+def _count_or_none(store) -> int | None:
+    """Points in the run's database for the report (None without one, or when it cannot say)."""
+    if store is None:
+        return None
+    try:
+        return int(store.count())
+    except Exception:  # noqa: BLE001 - a report figure must not mask the run's own outcome
+        return None
+
+
+def _db_digest(db_path: str) -> str:
+    """Digest of a database directory's build manifest (written once by `heisd build-db`)."""
+    if not db_path:
+        return "none"
+    manifest = Path(db_path) / "build_db_manifest.json"
+    return _file_digest(str(manifest)) if manifest.is_file() else "no manifest"
+
+
 class Policies:
     """One HybridDecoder per method over one loaded VLA, drafter and database."""
 
@@ -167,7 +185,9 @@ class Policies:
         return {
             "model_dir": self.paths.model_dir, "model_digest": _file_digest(self.paths.model_dir),
             "drafter_dir": self.paths.drafter_dir, "drafter_digest": _file_digest(self.paths.drafter_dir),
-            "db_path": self.paths.db_path, "db_points": self.store.count() if self.store is not None else None,
+            # The database's build manifest, not a count from the open store: an `ar`-only shard
+            # never opens the database, and must share the run key with a `heisd` shard.
+            "db_path": self.paths.db_path, "db_digest": _db_digest(self.paths.db_path),
             "calibration_path": self.paths.calibration_path,
             "calibration_digest": _file_digest(self.paths.calibration_path),
             "decoder_config": to_dict(self.base_cfg),
@@ -325,8 +345,10 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
         probe = retrieval_probe(pol.store, evaluated) if pol.store is not None else []
     finally:
         bar.close()
+        db_points = _count_or_none(pol.store)
         pol.close()
         session = {"kind": "session", "command": command, "git_rev": git_revision(), "episodes_run": n_run,
+                   "db_points": db_points,
                    "wall_s": round(time.perf_counter() - t_start, 1),
                    "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if probe:
@@ -354,6 +376,7 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
                      "turns per control step in the methods order; episode_feedback after each episode, per method, "
                      "in log order"),
         "model": key, "log": str(cfg.log_path), "invocations": log.sessions,
+        "db_points": next((x["db_points"] for x in reversed(log.sessions) if x.get("db_points") is not None), None),
         "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "nice": os.nice(0), "loadavg": list(os.getloadavg()),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

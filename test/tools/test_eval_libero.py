@@ -112,7 +112,7 @@ def test_eval_libero_smoke_report_and_resume(policy_dir: Path, tmp_path: Path) -
     meta = report["_meta"]
     for key in ("command", "seeds", "init_states", "git_rev", "threads", "model", "retrieval_latency_ms", "acceptance"):
         assert key in meta, key
-    assert meta["init_states"] == [40] and meta["threads"] == 1 and meta["model"]["db_points"] == 12
+    assert meta["init_states"] == [40] and meta["threads"] == 1 and meta["db_points"] == 12
     lat = meta["retrieval_latency_ms"]
     assert lat["in_run_top5"]["n"] >= 3 and lat["probe_top5"]["n"] == 12  # heisd's own + one probe per stored point
     assert 0 < lat["median"] <= lat["p95"]
@@ -124,8 +124,10 @@ def test_eval_libero_smoke_report_and_resume(policy_dir: Path, tmp_path: Path) -
     assert all(len(e["steps"]) == 5 and e["instruction"] == INSTRUCTION for e in first)
     assert {"mode", "forwards", "tpf", "ms", "cpu_ms", "F", "score", "ee", "tokens"} <= set(first[1]["steps"][0])
 
-    # A rerun with the same settings runs nothing new.
+    # A rerun with the same settings runs nothing new, also as an `ar`-only shard (which never
+    # opens the database, yet shares the run key, so shards per method can share one log).
     assert eval_libero.main(_args(policy_dir, out)) == 0
+    assert eval_libero.main([*_args(policy_dir, out), "--methods", "ar"]) == 0
     assert _episodes(log) == first
     # A killed run: heisd's line lost, a half-written line at the end -> only heisd runs again.
     lines = log.read_text().splitlines()
