@@ -6,6 +6,8 @@ Usage:
         --methods ar,drafter,specvla,retrieval,heisd --max-steps 280 --out benchmarks/libero_object.json \\
         [--plots DIR] [--seed 0] [--threads 1] [--camera-size 128] [--unknown-task error] [--no-progress]
     heisd eval-libero --model tiny ...      (the tiny test policy; it knows no LIBERO task)
+    heisd eval-libero --report-from benchmarks/libero_object.jsonl --tasks 9 --init-states 40-45 \
+        --methods ar,drafter --out benchmarks/subset.json   (a report of part of a log; runs nothing)
 
 Protocol (the same for every method, in one process):
 - For each task (in --tasks order) and init state (in --init-states order; only 40-49, the demos use
@@ -357,7 +359,47 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     return write_outputs(cfg, log, command, key)
 
 
-def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any]) -> dict[str, Any]:
+def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> dict[str, Any]:
+    """Rebuild the report of `cfg`'s tasks x init states x methods from an existing log; runs nothing.
+
+    No model, database or simulator is loaded: the run settings (suite, max steps, seed, camera, dtype)
+    come from the log's run key, so a report of a subset (say the init states every method finished)
+    can be written on any machine that holds the log.
+    """
+    import dataclasses
+    import gzip
+    import json
+    import tempfile
+
+    from heisd_ros.tools.eval_report import ResultLog
+
+    path = Path(log_path)
+    try:
+        # committed logs are gzipped (benchmarks/*.jsonl.gz): read them through a private copy
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        first = json.loads(text.splitlines()[0])
+    except (OSError, IndexError, json.JSONDecodeError, gzip.BadGzipFile) as err:
+        raise ConfigError(f"--report-from {log_path}: not a readable eval-libero log ({err})") from err
+    key = first.get("key") if isinstance(first, dict) and first.get("kind") == "run" else None
+    if not isinstance(key, dict):
+        raise ConfigError(f"--report-from {log_path}: no run key on line 1")
+    cfg = dataclasses.replace(cfg, suite=key["suite"], max_steps=key["max_steps"], seed=key["seed"],
+                              camera_size_px=key["camera_size_px"], dtype=key["dtype"])
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "log.jsonl"
+        plain.write_text(text)
+        log = ResultLog(plain, key)
+    found = {(e["task"], e["init_state"], e["method"]) for e in log.episodes}
+    missing = [(t, k, m) for t in cfg.tasks for k in cfg.init_states for m in cfg.methods if (t, k, m) not in found]
+    if missing:
+        raise ConfigError(f"--report-from {log_path}: {len(missing)} requested episode(s) are not in the log, "
+                          f"e.g. task {missing[0][0]} init {missing[0][1]} {missing[0][2]}; narrow "
+                          "--tasks/--init-states/--methods to what it holds")
+    return write_outputs(cfg, log, command, key, log_path=path)
+
+
+def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any],
+                  log_path: Path | None = None) -> dict[str, Any]:
     import json
 
     import torch
@@ -375,7 +417,7 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
         "protocol": ("per (task, init state) every method runs on its own env instance and decoder; methods take "
                      "turns per control step in the methods order; episode_feedback after each episode, per method, "
                      "in log order"),
-        "model": key, "log": str(cfg.log_path), "invocations": log.sessions,
+        "model": key, "log": str(log_path or cfg.log_path), "invocations": log.sessions,
         "db_points": next((x["db_points"] for x in reversed(log.sessions) if x.get("db_points") is not None), None),
         "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "nice": os.nice(0), "loadavg": list(os.getloadavg()),
@@ -418,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=d.out, help="JSON report; the log is <out stem>.jsonl, the table <out stem>.md")
     p.add_argument("--plots", default=d.plots_dir, help="directory for PNG plots ('' = none)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--report-from", default="", metavar="LOG",
+                   help="only rebuild the report of the selected tasks x init states x methods from this "
+                        "eval-libero log (.jsonl) into --out; loads no model and runs nothing")
     return p
 
 
@@ -440,14 +485,14 @@ def main(argv: list[str] | None = None) -> int:
     command = "heisd eval-libero " + shlex.join(argv)
     try:
         cfg = config_from_args(args)
-        report = run(cfg, command)
+        report = report_from_log(cfg, args.report_from, command) if args.report_from else run(cfg, command)
     except HeisdError as err:
         print(f"heisd eval-libero: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     from heisd_ros.tools.eval_report import markdown
 
     print(markdown(report))
-    print(f"wrote {cfg.out}, {Path(cfg.out).with_suffix('.md')}, log {cfg.log_path}")
+    print(f"wrote {cfg.out}, {Path(cfg.out).with_suffix('.md')}, log {args.report_from or cfg.log_path}")
     return 0
 
 

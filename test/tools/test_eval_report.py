@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -113,6 +114,34 @@ def test_demo_init_states_are_refused(states) -> None:
 def test_cli_refuses_demo_init_states(capsys) -> None:
     assert main(["--init-states", "38-41", "--out", "/nonexistent/x.json"]) == 2
     assert "refused" in capsys.readouterr().err
+
+
+def test_report_from_log_rebuilds_a_subset_without_running(tmp_path: Path, capsys) -> None:
+    log_path = tmp_path / "run.jsonl"
+    key = {"suite": "libero_object", "max_steps": 7, "camera_size_px": 64, "dtype": "float32", "seed": 3}
+    log = ResultLog(log_path, key)
+    for e in _run():
+        log.append(e)
+    out = tmp_path / "sub.json"
+    # task 1 only, ar and heisd: the report holds exactly those episodes and takes the settings from the key
+    assert main(["--report-from", str(log_path), "--tasks", "1", "--init-states", "40", "--methods", "ar,heisd",
+                 "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["ar"]["episodes"] == 1 and rep["ar"]["successes"] == 0
+    assert rep["heisd"]["steps"] == 4 and rep["_meta"]["max_steps"] == 7 and rep["_meta"]["seed"] == 3
+    assert rep["_meta"]["log"] == str(log_path) and rep["_meta"]["model"] == key
+    assert out.with_suffix(".md").is_file() and not out.with_suffix(".jsonl").exists()
+    assert len(ResultLog(log_path, key).episodes) == 4  # the log is read, never written
+    gz = tmp_path / "run.jsonl.gz"  # the committed form of a log
+    gz.write_bytes(gzip.compress(log_path.read_bytes()))
+    assert main(["--report-from", str(gz), "--tasks", "0-1", "--init-states", "40", "--methods", "heisd",
+                 "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["heisd"]["episodes"] == 2
+    # an episode the log does not hold is an error, not a silently smaller report
+    assert main(["--report-from", str(log_path), "--tasks", "0-2", "--init-states", "40", "--methods", "ar",
+                 "--out", str(out)]) == 2
+    assert "not in the log" in capsys.readouterr().err
+    assert main(["--report-from", str(tmp_path / "none.jsonl"), "--out", str(out)]) == 2
 
 
 def test_config_validation() -> None:
