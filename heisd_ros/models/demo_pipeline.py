@@ -40,7 +40,14 @@ def model_fingerprint(vla) -> str:
     for name, t in sorted(vla.vision_backbone.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().float().cpu().numpy().tobytes()[:4096])
-    return h.hexdigest()[:12]
+    return h.hexdigest()[:12] + _dtype_suffix(vla)
+
+
+def _dtype_suffix(vla) -> str:
+    """'' for a float32 model, '_bfloat16' etc. otherwise: features computed at another dtype differ
+    (weights saved in bf16 load to the same float32 values, so the weights alone cannot tell)."""
+    dtype = str(next(vla.language_model.parameters()).dtype).removeprefix("torch.")
+    return "" if dtype == "float32" else f"_{dtype}"
 
 
 class FeatureCache:
@@ -284,7 +291,7 @@ class GreedyCache:
 
     def __init__(self, directory: str | Path, vla, model_dir: str | Path, batch_size: int = 64) -> None:
         self.vla = vla
-        self.dir = Path(directory) / f"greedy_{model_digest(model_dir)}"
+        self.dir = Path(directory) / f"greedy_{model_digest(model_dir)}{_dtype_suffix(vla)}"
         self.batch_size = batch_size
 
     def get(self, ref: EpisodeRef, examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ Usage:
     heisd build-db --model artifacts/mini_vla --demos artifacts/demos/libero_object --out artifacts/mini_db
     heisd build-db --model artifacts/mini_vla --bags artifacts/demos/libero_object/bags --out artifacts/mini_db_bags
         [--tasks 0-9] [--dataset NAME] [--collection heisd_demos] [--fresh] [--latency-queries 200] [--threads 1]
+        [--dtype float32|bfloat16]   (the dtype the policy runs in; a different dtype re-embeds everything)
 
 One point per demo step: `obs` = the VLA's own backbone over both views (`embed_views`, the very
 function the live query uses), `feat` / `feat_prev` = the mean lm_head input over the 7 action
@@ -61,9 +62,15 @@ class BuildDbConfig:
     batch_size: int = 64
     threads: int = 1
     seed: int = 0
+    dtype: str = "float32"
+    """Model dtype for the embeddings: build with the dtype the policy runs in, since verify-skip
+    compares live features with the stored ones at similarities near 0.9995 (a bf16 feature of the
+    same input is only 0.9986-0.99997 similar to its fp32 one; benchmarks/NOTES.md entry 22)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if not self.demos and not self.bags:
             raise ConfigError("give --demos (LIBERO HDF5) and/or --bags (rosbag2 recordings)")
         if self.latency_queries < 0 or self.top_k < 1 or self.batch_size < 1 or self.threads < 1:
@@ -118,13 +125,14 @@ def run(cfg: BuildDbConfig) -> dict:
     if cfg.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    vla = load_vla(cfg.model)
+    vla = load_vla(cfg.model, dtype=cfg.dtype)
     stats = vla.stats()
     digest = model_digest(cfg.model)
     manifest_path = out / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    if manifest.get("model_digest") != digest:
-        manifest = {"model": str(cfg.model), "model_digest": digest, "done": {}}
+    if manifest.get("model_digest") != digest or manifest.get("dtype", "float32") != cfg.dtype:
+        # another model, or the same one at another dtype: every stored vector is stale
+        manifest = {"model": str(cfg.model), "model_digest": digest, "dtype": cfg.dtype, "done": {}}
     refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
     held_out: set[str] = set()
     if cfg.train_split_only:
@@ -169,7 +177,7 @@ def run(cfg: BuildDbConfig) -> dict:
         "config": dataclasses.asdict(cfg),
         "git_revision": git_revision(),
         "threads": cfg.threads,
-        "model_digest": digest,
+        "model_digest": digest, "dtype": cfg.dtype,
         "episodes": len(refs), "held_out_left_out": len(held_out) if cfg.train_split_only else 0,
         "episodes_skipped_as_done": skipped, "points_written": written,
         "points": total, "tasks": tasks, "obs_dim": obs_dim, "feat_dim": vla.hidden_size,
@@ -201,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"),
+                   help="model dtype for the embeddings (the dtype the policy will run in)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

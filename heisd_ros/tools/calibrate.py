@@ -61,6 +61,8 @@ class CalibrateConfig:
     max_points: int = 4000
     seed: int = 0
     threads: int = 1
+    dtype: str = "float32"
+    """Model dtype for the live features: the one the database was built with and the policy runs in."""
     tau_rule: str = "balanced"
     step_costs_from: str = ""
     """eval-libero log to measure step costs from (`eval_report.step_costs`)."""
@@ -71,6 +73,8 @@ class CalibrateConfig:
     def __post_init__(self) -> None:
         if self.neighbours < 1 or self.max_points < 1 or self.threads < 1:
             raise ConfigError("neighbours, max_points and threads must be >= 1")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.tau_rule not in TAU_RULES:
             raise ConfigError(f"tau_rule must be one of {TAU_RULES}, got {self.tau_rule!r}")
         if self.step_costs_ms and len(self.step_costs_ms) != 3:
@@ -175,7 +179,7 @@ def run(cfg: CalibrateConfig) -> dict:
 
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    vla = load_vla(cfg.model)
+    vla = load_vla(cfg.model, dtype=cfg.dtype)
     store = make_store(StoreConfig(backend="edge", path=cfg.db, collection=cfg.collection))
     try:
         points = list(store.scroll())
@@ -231,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-points", type=int, default=d.max_points)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"),
+                   help="model dtype for live features (as given to build-db and the policy)")
     p.add_argument("--tau-rule", default=d.tau_rule, choices=TAU_RULES)
     p.add_argument("--step-costs-from", default="", help="eval-libero log (.jsonl/.jsonl.gz) to measure step costs from")
     p.add_argument("--step-costs-ms", default="", help="drafter,retrieval-pass,retrieval-fail step times in ms")

@@ -159,6 +159,43 @@ def test_build_db_stores_every_step_and_resumes(artifacts, demos) -> None:
     assert again["points_written"] == 0 and again["episodes_skipped_as_done"] == 2 and again["points"] == 2 * T
 
 
+def test_build_db_and_calibrate_at_bf16_keep_their_own_vectors_and_caches(artifacts, demos, tmp_path) -> None:
+    """A policy run in bf16 needs a database and live features computed in bf16 (verify-skip compares
+    features near 0.9995 similarity); nothing computed at float32 may be reused for it."""
+    import shutil
+
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.models.demo_pipeline import model_fingerprint
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.tools import build_db, calibrate
+
+    out, cache = tmp_path / "db_bf16", tmp_path / "features"
+    shutil.copytree(artifacts["cache"], cache)
+    assert build_db.main(["--model", str(artifacts["model"]), "--demos", str(demos), "--out", str(out),
+                          "--latency-queries", "0", "--dtype", "bfloat16", "--no-progress"]) == 0
+    manifest = json.loads((out / "build_db_manifest.json").read_text())
+    assert manifest["dtype"] == "bfloat16"
+    with make_store(StoreConfig(backend="edge", path=str(out))) as bf, \
+            make_store(StoreConfig(backend="edge", path=str(artifacts["db"]))) as fp:
+        a = sorted(bf.scroll(), key=lambda p: (p.episode, p.step))
+        b = sorted(fp.scroll(), key=lambda p: (p.episode, p.step))
+    assert len(a) == len(b) == 2 * T
+    assert any(not np.allclose(x.feat, y.feat, atol=1e-5) for x, y in zip(a, b))  # really computed in bf16
+    # the same database rebuilt at float32 is re-embedded, not silently kept
+    again = build_db.run(build_db.BuildDbConfig(model=str(artifacts["model"]), demos=str(demos), out=str(out),
+                                                latency_queries=0, progress=False))
+    assert again["points_written"] == 2 * T and again["dtype"] == "float32"
+    # calibration at bf16 keeps its greedy decodes apart from the float32 ones
+    assert calibrate.main(["--model", str(artifacts["model"]), "--db", str(out), "--demos", str(demos),
+                           "--out", str(tmp_path / "c.json"), "--cache-dir", str(cache), "--dtype", "bfloat16",
+                           "--no-progress"]) == 0
+    greedy = sorted(d.name for d in cache.glob("greedy_*"))
+    assert len(greedy) == 2 and greedy[1] == greedy[0] + "_bfloat16"
+    fp32, bf16 = load_vla(artifacts["model"]), load_vla(artifacts["model"], dtype="bfloat16")
+    assert model_fingerprint(bf16).endswith("_bfloat16") and "_" not in model_fingerprint(fp32)
+
+
 def test_build_db_from_bags_matches_hdf5(artifacts, demos, tmp_path) -> None:
     from heisd_ros.core.config import StoreConfig
     from heisd_ros.store.factory import make_store
