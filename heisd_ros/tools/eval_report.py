@@ -303,8 +303,12 @@ def markdown(report: dict[str, Any]) -> str:
     meta = report["_meta"]
     methods = [m for m in report if not m.startswith("_")]
     out = [f"# LIBERO closed-loop evaluation: {meta.get('suite', '')}", ""]
-    out += [f"Command: `{meta.get('command', '')}`", "",
-            (f"Subset: tasks {meta.get('tasks')}, init states {meta.get('init_states')} "
+    out += [f"Command: `{meta.get('command', '')}`", ""]
+    runs = [x for x in meta.get("invocations", []) if x.get("episodes_run")]
+    if runs:  # the invocations that ran the episodes (one per shard), in log order
+        out += ["Episodes run by:", ""] + [f"- `{x['command']}` ({x['episodes_run']} episodes, git "
+                                          f"`{str(x.get('git_rev', ''))[:10]}`)" for x in runs] + [""]
+    out += [(f"Subset: tasks {meta.get('tasks')}, init states {meta.get('init_states')} "
              f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
              f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "
              f"git `{str(meta.get('git_rev', ''))[:10]}`."), ""]

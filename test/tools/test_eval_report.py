@@ -122,6 +122,9 @@ def test_report_from_log_rebuilds_a_subset_without_running(tmp_path: Path, capsy
     log = ResultLog(log_path, key)
     for e in _run():
         log.append(e)
+    log.append({"kind": "session", "command": "heisd eval-libero --methods ar,heisd", "episodes_run": 4,
+                "git_rev": "abc"})
+    log.append({"kind": "session", "command": "heisd eval-libero (resumed, nothing left)", "episodes_run": 0})
     out = tmp_path / "sub.json"
     # task 1 only, ar and heisd: the report holds exactly those episodes and takes the settings from the key
     assert main(["--report-from", str(log_path), "--tasks", "1", "--init-states", "40", "--methods", "ar,heisd",
@@ -130,7 +133,9 @@ def test_report_from_log_rebuilds_a_subset_without_running(tmp_path: Path, capsy
     assert rep["ar"]["episodes"] == 1 and rep["ar"]["successes"] == 0
     assert rep["heisd"]["steps"] == 4 and rep["_meta"]["max_steps"] == 7 and rep["_meta"]["seed"] == 3
     assert rep["_meta"]["log"] == str(log_path) and rep["_meta"]["model"] == key
-    assert out.with_suffix(".md").is_file() and not out.with_suffix(".jsonl").exists()
+    md = out.with_suffix(".md").read_text()
+    assert "`heisd eval-libero --methods ar,heisd` (4 episodes" in md and "resumed" not in md  # who ran them
+    assert not out.with_suffix(".jsonl").exists()
     assert len(ResultLog(log_path, key).episodes) == 4  # the log is read, never written
     gz = tmp_path / "run.jsonl.gz"  # the committed form of a log
     gz.write_bytes(gzip.compress(log_path.read_bytes()))
