@@ -47,6 +47,20 @@ def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
     )
 
 
+def database_dtype(db_path: str) -> str | None:
+    """The dtype an embedded database was built at, from its build manifest (None: no manifest;
+    manifests from before `heisd build-db --dtype` mean float32)."""
+    import json
+
+    manifest = Path(db_path) / "build_db_manifest.json" if db_path else None
+    if manifest is None or not manifest.is_file():
+        return None
+    try:
+        return str(json.loads(manifest.read_text()).get("dtype", "float32"))
+    except (OSError, ValueError):
+        return None  # an unreadable manifest is build-db's business; the store opened fine
+
+
 def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | None,
                obs_dim: int | None = None, feat_dim: int | None = None):
     """The database for methods that retrieve, wrapped in a ReconnectingStore.
@@ -68,6 +82,11 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
     if store.count() == 0:
         store.close()
         raise EmptyDatabaseError(f"the demonstration database at {store_cfg.path or store_cfg.url} is empty")
+    db_dtype = database_dtype(store_cfg.path) if store_cfg.backend == "edge" else None
+    if db_dtype not in (None, cfg.dtype):
+        log.warning("the database at %s was embedded at %s, the policy runs at %s: verify-skip compares "
+                    "features near 0.9995 similarity and will rarely pass (heisd build-db --dtype %s)",
+                    store_cfg.path, db_dtype, cfg.dtype, cfg.dtype)
     dims = (store.obs_dim, store.feat_dim)
     # A fault after start-up is ridden out: drafter mode while down, reconnection with backoff.
     return ReconnectingStore(lambda: make_store(store_cfg, *dims), store_cfg, store)

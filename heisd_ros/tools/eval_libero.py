@@ -153,16 +153,6 @@ def _db_digest(db_path: str) -> str:
     return _file_digest(str(manifest)) if manifest.is_file() else "no manifest"
 
 
-def _db_dtype(db_path: str) -> str | None:
-    """The dtype a database was embedded at (build manifests from before the option: float32)."""
-    import json
-
-    manifest = Path(db_path) / "build_db_manifest.json" if db_path else None
-    if manifest is None or not manifest.is_file():
-        return None
-    return json.loads(manifest.read_text()).get("dtype", "float32")
-
-
 class Policies:
     """One HybridDecoder per method over one loaded VLA, drafter and database."""
 
@@ -187,11 +177,6 @@ class Policies:
             lm_cfg = self.vla.language_model.config
             drafter = load_drafter(self.paths.drafter_dir, lm_cfg, DTYPES[cfg.dtype])
         self.store = open_store(base, self.paths, None) if any(m in NEEDS_STORE for m in cfg.methods) else None
-        db_dtype = _db_dtype(self.paths.db_path)
-        if self.store is not None and db_dtype not in (None, cfg.dtype):
-            print(f"heisd eval-libero: warning: the database was embedded at {db_dtype}, the policy runs at "
-                  f"{cfg.dtype}; verify-skip compares features at ~0.9995 similarity and will rarely pass "
-                  f"(heisd build-db --dtype {cfg.dtype})", file=sys.stderr)
         self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.methods}
         self.decoders = {m: HybridDecoder(self.vla, base.with_method(m), store=self.timed[m], drafter=drafter)
                          for m in cfg.methods}

@@ -179,3 +179,27 @@ def test_schema_mismatch_is_reported(built_edge):
     cfg, _ = built_edge
     with pytest.raises(DatabaseError, match="expected 6 and 5"):
         make_store(cfg, OBS_DIM, 5)
+
+
+def test_a_database_embedded_at_another_dtype_is_named_at_open(edge_template, tmp_path, caplog):
+    """A bf16 policy on an fp32 database would almost never skip (features differ at ~1e-3); the
+    policy still opens it (retrieval works) but says why in the log."""
+    import json
+    import logging
+    import shutil
+
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.policy import PolicyPaths, database_dtype, open_store
+
+    db = tmp_path / "db"
+    shutil.copytree(edge_template, db)
+    assert database_dtype(str(db)) is None and database_dtype("") is None  # no manifest: unknown
+    (db / "build_db_manifest.json").write_text(json.dumps({"model_digest": "x", "done": {}}))
+    assert database_dtype(str(db)) == "float32"  # manifests from before build-db --dtype
+    with caplog.at_level(logging.WARNING, logger="heisd_ros.policy"):
+        open_store(DecoderConfig(), PolicyPaths("x", db_path=str(db)), None).close()
+        assert not caplog.records  # same dtype: nothing to say
+        open_store(DecoderConfig(dtype="bfloat16"), PolicyPaths("x", db_path=str(db)), None).close()
+    assert "embedded at float32, the policy runs at bfloat16" in caplog.text
+    (db / "build_db_manifest.json").write_text(json.dumps({"dtype": "bfloat16", "done": {}}))
+    assert database_dtype(str(db)) == "bfloat16"

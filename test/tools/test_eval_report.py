@@ -149,16 +149,6 @@ def test_report_from_log_rebuilds_a_subset_without_running(tmp_path: Path, capsy
     assert main(["--report-from", str(tmp_path / "none.jsonl"), "--out", str(out)]) == 2
 
 
-def test_db_dtype_reads_the_build_manifest(tmp_path: Path) -> None:
-    from heisd_ros.tools.eval_libero import _db_dtype
-
-    assert _db_dtype("") is None and _db_dtype(str(tmp_path)) is None  # no database, or no manifest
-    (tmp_path / "build_db_manifest.json").write_text('{"model_digest": "x", "done": {}}')
-    assert _db_dtype(str(tmp_path)) == "float32"  # built before the --dtype option
-    (tmp_path / "build_db_manifest.json").write_text('{"dtype": "bfloat16", "done": {}}')
-    assert _db_dtype(str(tmp_path)) == "bfloat16"
-
-
 def test_config_validation() -> None:
     with pytest.raises(ConfigError):
         EvalLiberoConfig(methods=("ar", "ar"))
