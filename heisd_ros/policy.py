@@ -52,7 +52,9 @@ def database_dtype(db_path: str) -> str | None:
     manifests from before `heisd build-db --dtype` mean float32)."""
     import json
 
-    manifest = Path(db_path) / "build_db_manifest.json" if db_path else None
+    from heisd_ros.tools.build_db import MANIFEST
+
+    manifest = Path(db_path) / MANIFEST if db_path else None
     if manifest is None or not manifest.is_file():
         return None
     try:

@@ -149,7 +149,9 @@ def _db_digest(db_path: str) -> str:
     """Digest of a database directory's build manifest (written once by `heisd build-db`)."""
     if not db_path:
         return "none"
-    manifest = Path(db_path) / "build_db_manifest.json"
+    from heisd_ros.tools.build_db import MANIFEST
+
+    manifest = Path(db_path) / MANIFEST
     return _file_digest(str(manifest)) if manifest.is_file() else "no manifest"
 
 
@@ -367,39 +369,23 @@ def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> 
     can be written on any machine that holds the log.
     """
     import dataclasses
-    import gzip
-    import json
-    import tempfile
 
     from heisd_ros.tools.eval_report import ResultLog
 
-    path = Path(log_path)
-    try:
-        # committed logs are gzipped (benchmarks/*.jsonl.gz): read them through a private copy
-        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-        first = json.loads(text.splitlines()[0])
-    except (OSError, IndexError, json.JSONDecodeError, gzip.BadGzipFile) as err:
-        raise ConfigError(f"--report-from {log_path}: not a readable eval-libero log ({err})") from err
-    key = first.get("key") if isinstance(first, dict) and first.get("kind") == "run" else None
-    if not isinstance(key, dict):
-        raise ConfigError(f"--report-from {log_path}: no run key on line 1")
+    log = ResultLog.read(log_path)
+    key = log.run_key
     cfg = dataclasses.replace(cfg, suite=key["suite"], max_steps=key["max_steps"], seed=key["seed"],
                               camera_size_px=key["camera_size_px"], dtype=key["dtype"])
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = Path(tmp) / "log.jsonl"
-        plain.write_text(text)
-        log = ResultLog(plain, key)
     found = {(e["task"], e["init_state"], e["method"]) for e in log.episodes}
     missing = [(t, k, m) for t in cfg.tasks for k in cfg.init_states for m in cfg.methods if (t, k, m) not in found]
     if missing:
         raise ConfigError(f"--report-from {log_path}: {len(missing)} requested episode(s) are not in the log, "
                           f"e.g. task {missing[0][0]} init {missing[0][1]} {missing[0][2]}; narrow "
                           "--tasks/--init-states/--methods to what it holds")
-    return write_outputs(cfg, log, command, key, log_path=path)
+    return write_outputs(cfg, log, command, key)
 
 
-def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any],
-                  log_path: Path | None = None) -> dict[str, Any]:
+def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any]) -> dict[str, Any]:
     import json
 
     import torch
@@ -417,7 +403,7 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any],
         "protocol": ("per (task, init state) every method runs on its own env instance and decoder; methods take "
                      "turns per control step in the methods order; episode_feedback after each episode, per method, "
                      "in log order"),
-        "model": key, "log": str(log_path or cfg.log_path), "invocations": log.sessions,
+        "model": key, "log": str(log.path), "invocations": log.sessions,
         "db_points": next((x["db_points"] for x in reversed(log.sessions) if x.get("db_points") is not None), None),
         "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "nice": os.nice(0), "loadavg": list(os.getloadavg()),

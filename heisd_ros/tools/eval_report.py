@@ -51,6 +51,7 @@ class ResultLog:
 
     def __init__(self, path: str | Path, run_key: dict[str, Any]) -> None:
         self.path = Path(path)
+        self.read_only = False
         self.run_key = jsonable(run_key)
         self.episodes: list[dict[str, Any]] = []
         self.sessions: list[dict[str, Any]] = []
@@ -60,8 +61,25 @@ class ResultLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._write({"kind": "run", "key": self.run_key})
 
-    def _load(self) -> None:
-        lines = self.path.read_text().splitlines()
+    @classmethod
+    def read(cls, path: str | Path) -> "ResultLog":
+        """An existing log, read only (a run's .jsonl or a committed .jsonl.gz), under its own run key."""
+        import gzip
+
+        p = Path(path)
+        try:
+            text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+        except (OSError, UnicodeDecodeError, gzip.BadGzipFile) as err:
+            raise ConfigError(f"{p}: not a readable eval-libero log ({err})") from err
+        log = cls.__new__(cls)
+        log.path, log.read_only = p, True
+        records, _ = log._parse(text.splitlines())
+        log.run_key = records[0]["key"]
+        log._keep(records)
+        return log
+
+    def _parse(self, lines: list[str]) -> tuple[list[dict[str, Any]], bool]:
+        """(records, whether the last line was cut short by a kill)."""
         records, cut = [], False
         for i, line in enumerate(lines):
             try:
@@ -70,8 +88,17 @@ class ResultLog:
                 if i != len(lines) - 1:
                     raise ConfigError(f"{self.path}: corrupt line {i + 1} (only the last line may be cut short)")
                 cut = True
-        if not records or records[0].get("kind") != "run":
+        if not records or records[0].get("kind") != "run" or not isinstance(records[0].get("key"), dict):
             raise ConfigError(f"{self.path} is not an eval-libero log (no run key on line 1)")
+        return records, cut
+
+    def _keep(self, records: list[dict[str, Any]]) -> None:
+        self.episodes = [r for r in records if r.get("kind") == "episode"]
+        self.sessions = [r for r in records if r.get("kind") == "session"]
+
+    def _load(self) -> None:
+        lines = self.path.read_text().splitlines()
+        records, cut = self._parse(lines)
         diff = {k for k in set(records[0]["key"]) | set(self.run_key) if records[0]["key"].get(k) != self.run_key.get(k)}
         if diff:
             raise ConfigError(
@@ -79,8 +106,7 @@ class ResultLog:
                 "rerun with the same settings to resume, or write to another --out")
         if cut:  # a line cut short by a kill: drop it so the next append starts on a fresh line
             self.path.write_text("".join(line + "\n" for line in lines[:-1]))
-        self.episodes = [r for r in records if r.get("kind") == "episode"]
-        self.sessions = [r for r in records if r.get("kind") == "session"]
+        self._keep(records)
 
     def done(self) -> set[tuple[int, int, str]]:
         return {(e["task"], e["init_state"], e["method"]) for e in self.episodes}
@@ -94,6 +120,8 @@ class ResultLog:
             self.sessions.append(record)
 
     def _write(self, record: dict[str, Any]) -> None:
+        if self.read_only:
+            raise ConfigError(f"{self.path} was opened read only (ResultLog.read)")
         with self.path.open("a") as f:
             f.write(json.dumps(record, separators=(",", ":")) + "\n")
             f.flush()

@@ -142,6 +142,8 @@ def test_report_from_log_rebuilds_a_subset_without_running(tmp_path: Path, capsy
     assert main(["--report-from", str(gz), "--tasks", "0-1", "--init-states", "40", "--methods", "heisd",
                  "--out", str(out)]) == 0
     assert json.loads(out.read_text())["heisd"]["episodes"] == 2
+    with pytest.raises(ConfigError, match="read only"):  # a committed log is never appended to
+        ResultLog.read(gz).append({"kind": "session"})
     # an episode the log does not hold is an error, not a silently smaller report
     assert main(["--report-from", str(log_path), "--tasks", "0-2", "--init-states", "40", "--methods", "ar",
                  "--out", str(out)]) == 2
