@@ -133,6 +133,8 @@ def scan_hdf5(demos: str | Path, tasks: Iterable[int] | None = None) -> list[Epi
                 if not instruction:
                     raise DemoDataError(f"{path}: data has no 'instruction' attribute")
                 dataset = str(_attr(data.attrs, "suite", "") or Path(demos).name)
+                # A second file of the same task (e.g. `heisd dagger`'s) numbers its episodes after an offset.
+                offset = int(_attr(data.attrs, "episode_offset", 0))
                 for name in sorted(data.keys(), key=_demo_index):
                     g = data[name]
                     missing = [key for key in ("actions", "obs/ee_pos", *(f"obs/{v}" for v in HDF5_KEYS.values())) if key not in g]
@@ -140,7 +142,7 @@ def scan_hdf5(demos: str | Path, tasks: Iterable[int] | None = None) -> list[Epi
                         raise DemoDataError(f"{path}:{name} lacks {missing}")
                     refs.append(EpisodeRef(
                         "hdf5", str(path), name, dataset, instruction,
-                        task_index * EPISODES_PER_TASK + _demo_index(name), int(g["actions"].shape[0]),
+                        task_index * EPISODES_PER_TASK + offset + _demo_index(name), int(g["actions"].shape[0]),
                         int(g.attrs.get("init_state_index", -1)),
                     ))
         except (OSError, KeyError) as err:

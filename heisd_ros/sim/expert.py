@@ -93,8 +93,19 @@ class ExpertConfig:
     deadbands otherwise keep at exactly 0."""
     waypoint_jitter_m: float = 0.0
     """Uniform jitter of the grasp point's xy and of the carry height (diversity)."""
+    resync: bool = False
+    """Labelling mode (`heisd dagger`): another controller drives, so before every action the phase
+    is re-derived from the scene where it no longer fits: an object that is held is carried on
+    (from any pre-grasp phase), an object lost while carrying is approached again (any number of
+    times). Off for demonstrations, whose expert drives itself."""
+    held_lift_m: float = 0.015
+    """An object counts as held when lifted this far above where it rested at reset..."""
+    held_reach_m: float = 0.08
+    """...and its centre is within this distance of the grip site."""
 
     def __post_init__(self) -> None:
+        if self.held_lift_m <= 0 or self.held_reach_m <= 0:
+            raise ConfigError("held_lift_m and held_reach_m must be > 0")
         if self.pos_gain <= 0 or self.rot_gain <= 0:
             raise ConfigError("expert gains must be > 0")
         if not 0 < self.slow_pos_action <= self.max_pos_action <= 1:
@@ -223,6 +234,7 @@ class WaypointExpert:
         self._regrasps = 0
         self._plan: GraspPlan | None = None
         self._r_des: np.ndarray | None = None
+        self._rest_bottom_z: float | None = None
         self._enter(Phase.APPROACH)
 
     @property
@@ -239,6 +251,10 @@ class WaypointExpert:
         if self.goal is None:
             raise ConfigError("WaypointExpert.reset(goal) must be called before act()")
         obj, target = obs.objects[self.goal.obj], obs.objects[self.goal.target]
+        if self._rest_bottom_z is None:
+            self._rest_bottom_z = obj.bottom_z
+        if self.config.resync:
+            self._resync(obs, obj)
         if self._plan is None:
             self._plan = plan_grasp(self.goal.obj, obj, obs.ee_pos, obs.ee_rot, self.config, self._regrasps)
             self._r_des = down_rotation(self._plan.finger_yaw_rad)
@@ -253,6 +269,33 @@ class WaypointExpert:
         action[3:6] = np.clip(cfg.rot_gain * rot_err / ROT_UNIT_RAD, -cfg.max_rot_action, cfg.max_rot_action)
         action[6] = gripper
         return action
+
+    def holds(self, obs: SimObservation, obj: ObjectPose) -> bool:
+        """Whether `obj` is in the hand: lifted off where it rested, near the grip site, fingers closing."""
+        cfg = self.config
+        assert self._rest_bottom_z is not None
+        lifted = obj.bottom_z - self._rest_bottom_z > cfg.held_lift_m
+        near = float(np.linalg.norm(obj.center - obs.ee_pos)) < cfg.held_reach_m
+        closing = float(abs(obs.gripper_qpos[0] - obs.gripper_qpos[1])) < 0.075  # Panda fully open: ~0.08 m
+        return lifted and near and closing
+
+    def _resync(self, obs: SimObservation, obj: ObjectPose) -> None:
+        """Re-derive the phase from the scene where another controller moved it out of step (resync mode)."""
+        held = self.holds(obs, obj)
+        if held and self.phase in (Phase.APPROACH, Phase.DESCEND, Phase.CLOSE):
+            if self._plan is None:
+                self._plan = plan_grasp(self.goal.obj, obj, obs.ee_pos, obs.ee_rot, self.config, self._regrasps)  # type: ignore[union-attr]
+                self._r_des = down_rotation(self._plan.finger_yaw_rad)
+            assert self._rest_bottom_z is not None
+            self._grasp_bottom_z = self._rest_bottom_z
+            self._ee_minus_bottom = float(obs.ee_pos[2] - obj.bottom_z)
+            self._enter(Phase.LIFT)
+        elif not held and self.phase in (Phase.TRANSPORT, Phase.LOWER) and \
+                float(np.linalg.norm(obj.center - obs.ee_pos)) > self.config.held_reach_m:
+            self._rest_bottom_z = obj.bottom_z  # where it fell is where it rests now
+            self._regrasps += 1
+            self._plan = None
+            self._enter(Phase.APPROACH)
 
     def explore(self, action: np.ndarray) -> np.ndarray:
         """The action to *execute*: `action` plus seeded Gaussian noise on the pose part.

@@ -138,7 +138,7 @@ class Hdf5DemoWriter:
         )
         group.attrs["init_state"] = episode.states[0] if init_state is None else init_state
         dones = np.zeros(T, dtype=np.uint8)
-        dones[-1] = 1
+        dones[-1] = int(episode.success)  # gen-demos keeps successes only; `heisd dagger` keeps all
         group.create_dataset("actions", data=episode.actions)
         group.create_dataset("dones", data=dones)
         group.create_dataset("rewards", data=dones.copy())

@@ -87,6 +87,9 @@ class TrainVLAConfig:
     """Learning rate of the fine-tuned backbone blocks relative to `lr`."""
     shift_px: int = 0
     """Random-shift augmentation of training images by up to this many pixels (needs backbone_blocks)."""
+    init_from: str = ""
+    """Start from this saved VLA (its architecture, tokenizer and norm stats; the size options above are
+    ignored) instead of from scratch: fine-tuning on aggregated data (`heisd dagger`)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -227,6 +230,7 @@ def run(cfg: TrainVLAConfig) -> dict:
     from heisd_ros.core.action_tokenizer import NormStats
     from heisd_ros.models.demo_pipeline import FeatureCache, token_accuracy, write_json
     from heisd_ros.models.libero_data import load_episode, scan_hdf5, split_episodes
+    from heisd_ros.models.loader import load_vla
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
     from heisd_ros.models.vla import VLAModel
     from heisd_ros.tools.gen_demos import git_revision
@@ -239,12 +243,18 @@ def run(cfg: TrainVLAConfig) -> dict:
     train_refs, val_refs = split_episodes(refs, cfg.val_fraction, cfg.seed)
     if not train_refs:
         raise ConfigError(f"no training episodes in {cfg.demos}")
-    train_eps = [load_episode(r, with_images=False) for r in train_refs]
-    actions = np.concatenate([e.actions for e in train_eps])
-    vcfg = mini_vla_config(cfg, np.concatenate([e.ee_pos for e in train_eps]))
-    stats = NormStats.fit(actions)
-    tok = HashWordTokenizer(cfg.hash_text_ids)
-    vla = VLAModel(vcfg, {vcfg.unnorm_key: stats}, tok).eval()
+    if cfg.init_from:
+        # Keep the starting model's norm stats: a token must keep meaning the same action.
+        vla = load_vla(cfg.init_from, dtype="float32").eval()
+        vcfg, tok = vla.cfg, vla.text_tokenizer
+        stats = vla.stats()
+    else:
+        train_eps = [load_episode(r, with_images=False) for r in train_refs]
+        actions = np.concatenate([e.actions for e in train_eps])
+        vcfg = mini_vla_config(cfg, np.concatenate([e.ee_pos for e in train_eps]))
+        stats = NormStats.fit(actions)
+        tok = HashWordTokenizer(cfg.hash_text_ids)
+        vla = VLAModel(vcfg, {vcfg.unnorm_key: stats}, tok).eval()
     collisions = _hash_collisions(tok, sorted({r.task for r in refs}))
 
     if cfg.backbone_blocks:
@@ -324,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone-lr-scale", type=float, default=d.backbone_lr_scale)
     p.add_argument("--shift-px", type=int, default=d.shift_px,
                    help="random-shift augmentation of training images (needs --backbone-blocks)")
+    p.add_argument("--init-from", default=d.init_from,
+                   help="fine-tune this saved VLA (its architecture and norm stats) instead of training from scratch")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

@@ -207,3 +207,74 @@ def test_sim_modules_import_without_heavy_dependencies() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _drive_until(scene: PointMassScene, expert: WaypointExpert, phase: Phase, max_steps: int = 400) -> None:
+    for _ in range(max_steps):
+        if expert.phase == phase:
+            return
+        scene.step(expert.act(scene.observe()))
+    raise AssertionError(f"expert never reached {phase.name}")
+
+
+def test_resync_carries_on_with_an_object_someone_else_grasped() -> None:
+    """DAgger labelling: the scene was driven to a held, lifted object by another controller; a
+    resync expert that just started labels 'keep it closed, carry it', a plain one 'open, approach'."""
+    obj, target = box([0.1, -0.2, 0.01], [0.04, 0.02, 0.01], yaw=0.5), box([0.0, 0.25, 0.07], [0.08, 0.08, 0.07])
+    goal = Goal("in", "cream_cheese_1", "basket_1_region")
+    start = PointMassScene(obj, target).observe()  # where the object rests at reset
+    scene = PointMassScene(obj, target)
+    driver = WaypointExpert(ExpertConfig())
+    driver.reset(goal)
+    _drive_until(scene, driver, Phase.TRANSPORT)
+    held = scene.observe()
+    assert held.objects["cream_cheese_1"].bottom_z > obj.bottom_z + 0.03
+
+    labels = {}
+    for resync in (False, True):
+        expert = WaypointExpert(ExpertConfig(resync=resync))
+        expert.reset(goal)
+        expert.act(start)  # the labeller saw the episode start
+        labels[resync] = (expert.act(held), expert.phase)
+    plain, (action, phase) = labels[False], labels[True]
+    assert plain[1] == Phase.APPROACH and plain[0][6] < 0  # would drop the object
+    assert phase in (Phase.LIFT, Phase.TRANSPORT) and action[6] > 0
+
+
+def test_resync_approaches_again_after_a_drop_and_finishes() -> None:
+    obj, target = box([0.1, -0.2, 0.01], [0.04, 0.02, 0.01], yaw=0.5), box([0.0, 0.25, 0.07], [0.08, 0.08, 0.07])
+    scene = PointMassScene(obj, target)
+    expert = WaypointExpert(ExpertConfig(resync=True))
+    expert.reset(Goal("in", "cream_cheese_1", "basket_1_region"))
+    _drive_until(scene, expert, Phase.TRANSPORT)
+    for _ in range(3):  # carry a little, then the object slips out onto the table
+        scene.step(expert.act(scene.observe()))
+    scene.held_offset = None
+    scene.obj = moved(scene.obj, np.array([0.05, 0.0, obj.bottom_z - scene.obj.bottom_z]))
+    scene.step(np.array([0, 0, 1.0, 0, 0, 0, 1.0]))  # the hand moves on, away from it
+    action = expert.act(scene.observe())
+    assert expert.phase == Phase.APPROACH and action[6] < 0
+    for _ in range(600):
+        scene.step(expert.act(scene.observe()))
+        if expert.done:
+            break
+    assert expert.done
+    assert np.linalg.norm(scene.obj.center[:2] - target.pos[:2]) < 0.02
+
+
+def test_plain_expert_unchanged_by_resync_when_it_drives_itself() -> None:
+    """Driving its own episode, a resync expert emits exactly the plain expert's actions."""
+    def actions(resync: bool) -> np.ndarray:
+        scene = PointMassScene(box([0.1, -0.2, 0.01], [0.04, 0.02, 0.01]), box([0.0, 0.25, 0.07], [0.08, 0.08, 0.07]))
+        expert = WaypointExpert(ExpertConfig(resync=resync))
+        expert.reset(Goal("in", "cream_cheese_1", "basket_1_region"), seed=5)
+        out = []
+        for _ in range(400):
+            a = expert.act(scene.observe())
+            scene.step(a)
+            out.append(a)
+            if expert.done:
+                break
+        return np.stack(out)
+
+    np.testing.assert_array_equal(actions(True), actions(False))

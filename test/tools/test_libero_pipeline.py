@@ -117,6 +117,44 @@ def test_train_vla_fine_tunes_the_backbone_tail(demos, tmp_path) -> None:
         train_vla.TrainVLAConfig(shift_px=4)
 
 
+def test_train_vla_init_from_fine_tunes_on_demos_plus_a_dagger_file(artifacts, demos, tmp_path) -> None:
+    """--init-from: the start model's architecture and norm stats are kept (the tiny size options
+    are ignored), its weights are the starting point and move; a second file of the same task with
+    an episode offset (as `heisd dagger` writes) trains beside the demos without colliding."""
+    import shutil
+
+    from heisd_ros.models.libero_data import scan_hdf5
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.tools import train_vla
+
+    mix = tmp_path / "mix"
+    mix.mkdir()
+    for f in demos.glob("*.hdf5"):
+        shutil.copy(f, mix / f.name)
+    attrs = {"instruction": INSTRUCTION, "suite": "libero_object", "task_index": 0, "episode_offset": 500,
+             "task_name": "pick_up_the_alphabet_soup_and_place_it_in_the_basket", "problem_info": {}}
+    with Hdf5DemoWriter(mix / "pick_up_the_alphabet_soup_and_place_it_in_the_basket_dagger.hdf5", attrs) as w:
+        for seed in (7, 8):
+            w.write(make_episode(seed))
+    assert sorted(r.episode for r in scan_hdf5(mix)) == [0, 1, 500, 501]
+
+    out = tmp_path / "ft"
+    assert train_vla.main(["--demos", str(mix), "--out", str(out), "--init-from", str(artifacts["model"]),
+                           "--steps", "3", "--batch-size", "4", "--val-fraction", "0.25", "--eval-every", "3",
+                           "--cache-dir", str(tmp_path / "features"), "--lr", "1e-2",
+                           *TINY]) == 0
+    start, tuned = load_vla(artifacts["model"]), load_vla(out)
+    assert tuned.cfg == start.cfg
+    assert (out / "dataset_statistics.json").read_text() == (artifacts["model"] / "dataset_statistics.json").read_text()
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["config"]["init_from"] == str(artifacts["model"])
+    assert log["episodes"]["train"] + log["episodes"]["held_out"] == 4
+    a, b = start.language_model.state_dict(), tuned.language_model.state_dict()
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # trained from there...
+    assert all(torch.equal(x, y) for x, y in zip(start.vision_backbone.state_dict().values(),
+                                                  tuned.vision_backbone.state_dict().values()))  # ...backbone frozen
+
+
 def test_train_drafter_writes_a_loadable_head(artifacts) -> None:
     from heisd_ros.core.drafter import load_drafter
     from heisd_ros.models.loader import load_vla
