@@ -90,6 +90,19 @@ def action_logits(vla, hidden_at_action_positions: torch.Tensor) -> torch.Tensor
     return hidden_at_action_positions @ vla.action_head_weight().T
 
 
+def cpu_has_fast_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has bf16 matmul instructions (AVX-512 BF16 or AMX).
+
+    Without them bf16 autocast is emulated and slower than fp32: measured here on an AVX-512 Xeon
+    without BF16, train-vla ran 0.53 steps/s under bf16 autocast and 1.91 in fp32 (NOTES 25)."""
+    try:
+        text = open(cpuinfo, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def _autocast(bf16: bool, device: torch.device):
     """bf16 autocast (about 2x faster matmuls on CPUs with AVX-512 BF16; master weights stay fp32)."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)

@@ -52,11 +52,16 @@ class TrainDrafterConfig:
     """HDF5 task indices (None = every file; give train-vla's)."""
     engine_steps: int = 200
     """Held-out steps decoded by the engine's `drafter` method for the accept-length figure (0 = skip)."""
-    bf16_autocast: bool = True
+    bf16_autocast: bool | None = None
+    """bf16 autocast; None: only where the CPU has bf16 matmul instructions (`cpu_has_fast_bf16`)."""
     threads: int = 1
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.bf16_autocast is None:  # resolved here, so the training log records what ran
+            from heisd_ros.models.training import cpu_has_fast_bf16
+
+            object.__setattr__(self, "bf16_autocast", cpu_has_fast_bf16())
         for name in ("steps", "batch_size", "threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
@@ -196,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
     p.add_argument("--tasks", default=None, help="HDF5 task indices, e.g. 0-7 (default: every file)")
     p.add_argument("--engine-steps", type=int, default=d.engine_steps)
-    p.add_argument("--fp32", dest="bf16_autocast", action="store_false", help="train in fp32 (default: bf16 autocast)")
+    p.add_argument("--fp32", dest="bf16_autocast", action="store_false", default=None,
+                   help="train in fp32 (default: bf16 autocast only on CPUs with bf16 instructions)")
+    p.add_argument("--bf16", dest="bf16_autocast", action="store_true", help="train under bf16 autocast")
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
