@@ -256,9 +256,7 @@ class WaypointExpert:
         if self.config.resync:
             self._resync(obs, obj)
         if self._plan is None:
-            self._plan = plan_grasp(self.goal.obj, obj, obs.ee_pos, obs.ee_rot, self.config, self._regrasps)
-            self._r_des = down_rotation(self._plan.finger_yaw_rad)
-            self._grasp_bottom_z = obj.bottom_z
+            self._new_plan(obs, obj)
         pos_target, gripper, cap = self._waypoint(obs, obj, target)
         self._steps_in_phase += 1
         action = np.zeros(7)
@@ -269,6 +267,12 @@ class WaypointExpert:
         action[3:6] = np.clip(cfg.rot_gain * rot_err / ROT_UNIT_RAD, -cfg.max_rot_action, cfg.max_rot_action)
         action[6] = gripper
         return action
+
+    def _new_plan(self, obs: SimObservation, obj: ObjectPose) -> None:
+        assert self.goal is not None
+        self._plan = plan_grasp(self.goal.obj, obj, obs.ee_pos, obs.ee_rot, self.config, self._regrasps)
+        self._r_des = down_rotation(self._plan.finger_yaw_rad)
+        self._grasp_bottom_z = obj.bottom_z
 
     def holds(self, obs: SimObservation, obj: ObjectPose) -> bool:
         """Whether `obj` is in the hand: lifted off where it rested, near the grip site, fingers closing."""
@@ -284,10 +288,9 @@ class WaypointExpert:
         held = self.holds(obs, obj)
         if held and self.phase in (Phase.APPROACH, Phase.DESCEND, Phase.CLOSE):
             if self._plan is None:
-                self._plan = plan_grasp(self.goal.obj, obj, obs.ee_pos, obs.ee_rot, self.config, self._regrasps)  # type: ignore[union-attr]
-                self._r_des = down_rotation(self._plan.finger_yaw_rad)
+                self._new_plan(obs, obj)
             assert self._rest_bottom_z is not None
-            self._grasp_bottom_z = self._rest_bottom_z
+            self._grasp_bottom_z = self._rest_bottom_z  # lifted from where it rested, not from here
             self._ee_minus_bottom = float(obs.ee_pos[2] - obj.bottom_z)
             self._enter(Phase.LIFT)
         elif not held and self.phase in (Phase.TRANSPORT, Phase.LOWER) and \

@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.tools.gen_demos import EVAL_INIT_STATES, StopBetweenEpisodes, episode_seed, git_revision, parse_range
+from heisd_ros.tools.gen_demos import (
+    StopBetweenEpisodes, episode_seed, git_revision, parse_range, refuse_eval_init_states,
+)
 
 EPISODE_OFFSET = 500
 """DAgger episode i of task k is database/training episode k * 1000 + 500 + i (demos: k * 1000 + i)."""
@@ -57,26 +59,13 @@ class DaggerConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        reserved = sorted(set(self.init_states) & set(EVAL_INIT_STATES))
-        if reserved:
-            raise ConfigError(f"init states {reserved} are reserved for evaluation (40-49)")
+        refuse_eval_init_states(self.init_states)
         if not self.tasks or not self.init_states:
             raise ConfigError("need at least one task and one init state")
         if not 0.0 <= self.beta <= 1.0:
             raise ConfigError("beta must be in [0, 1]")
         if self.max_steps < 10 or self.threads < 1:
             raise ConfigError("need max_steps >= 10 and threads >= 1")
-
-
-def _summary(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {"tasks": {}}
-
-
-def _save(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
 
 
 def run_episode(env, expert, decoder, init_state: int, beta: float, seed: int, max_steps: int):
@@ -114,6 +103,7 @@ def run(cfg: DaggerConfig, stop: StopBetweenEpisodes | None = None) -> dict[str,
 
     from heisd_ros.core.config import DecoderConfig
     from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.models.demo_pipeline import write_json
     from heisd_ros.models.loader import load_vla
     from heisd_ros.sim.expert import ExpertConfig, WaypointExpert
     from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
@@ -125,7 +115,7 @@ def run(cfg: DaggerConfig, stop: StopBetweenEpisodes | None = None) -> dict[str,
     expert = WaypointExpert(ExpertConfig(resync=True))
     root = Path(cfg.out_dir) / cfg.suite
     summary_path = root / "summary.json"
-    summary = _summary(summary_path)
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {"tasks": {}}
     summary.update(config=asdict(cfg), git_revision=git_revision())
     bar = tqdm(total=len(cfg.tasks) * len(cfg.init_states), desc="dagger", unit="ep", disable=not cfg.progress)
     for task in cfg.tasks:
@@ -160,7 +150,7 @@ def run(cfg: DaggerConfig, stop: StopBetweenEpisodes | None = None) -> dict[str,
                 eps = [e for e in entry["episodes"] if "success" in e]
                 entry.update(task_name=name, episodes_run=len(eps), successes=sum(e["success"] for e in eps),
                              steps=int(sum(e["length"] for e in eps)))
-                _save(summary_path, summary)
+                write_json(summary_path, summary)  # atomic: a kill never leaves half a summary
                 bar.update(1)
                 bar.set_postfix(task=task, ok=entry["successes"], len=eps[-1]["length"] if eps else 0)
         env.close()

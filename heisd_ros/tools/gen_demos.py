@@ -36,6 +36,13 @@ EVAL_INIT_STATES = range(40, 50)
 """LIBERO init states kept for closed-loop evaluation; demos never use them."""
 
 
+def refuse_eval_init_states(init_states: tuple[int, ...]) -> None:
+    """ConfigError if any of `init_states` is kept for evaluation (40-49): training data uses 0-39."""
+    reserved = sorted(set(init_states) & set(EVAL_INIT_STATES))
+    if reserved:
+        raise ConfigError(f"init states {reserved} are reserved for evaluation (40-49); demos use 0-39")
+
+
 @dataclass(frozen=True)
 class GenDemosConfig:
     suite: str = "libero_object"
@@ -56,9 +63,7 @@ class GenDemosConfig:
     bags: bool = True
 
     def __post_init__(self) -> None:
-        reserved = sorted(set(self.init_states) & set(EVAL_INIT_STATES))
-        if reserved:
-            raise ConfigError(f"init states {reserved} are reserved for evaluation (40-49); demos use 0-39")
+        refuse_eval_init_states(self.init_states)
         if not self.tasks or not self.init_states:
             raise ConfigError("need at least one task and one init state")
         if min(self.init_states) < 0 or min(self.tasks) < 0:
