@@ -47,9 +47,9 @@ def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
     )
 
 
-def database_dtype(db_path: str) -> str | None:
-    """The dtype an embedded database was built at, from its build manifest (None: no manifest;
-    manifests from before `heisd build-db --dtype` mean float32)."""
+def database_manifest(db_path: str) -> dict | None:
+    """An embedded database's build manifest (None: none, or unreadable; that is build-db's
+    business, the store itself may still open fine)."""
     import json
 
     from heisd_ros.tools.build_db import MANIFEST
@@ -58,9 +58,40 @@ def database_dtype(db_path: str) -> str | None:
     if manifest is None or not manifest.is_file():
         return None
     try:
-        return str(json.loads(manifest.read_text()).get("dtype", "float32"))
+        data = json.loads(manifest.read_text())
     except (OSError, ValueError):
-        return None  # an unreadable manifest is build-db's business; the store opened fine
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def database_dtype(db_path: str) -> str | None:
+    """The dtype an embedded database was built at (None: no manifest; manifests from before
+    `heisd build-db --dtype` mean float32)."""
+    manifest = database_manifest(db_path)
+    return None if manifest is None else str(manifest.get("dtype", "float32"))
+
+
+def resolve_query_views(cfg: DecoderConfig, db_path: str) -> DecoderConfig:
+    """`cfg` with `retrieval.query_views` set from the database's manifest when it is 0 (auto).
+
+    A value given explicitly must match the manifest's: the stored `obs` vectors pool exactly
+    those views, and a query over other views would find neighbours by accident. Databases
+    without a manifest (remote clusters, builds before `--query-views`) pool every view."""
+    manifest = database_manifest(db_path)
+    built = int(manifest.get("query_views", 0)) if manifest is not None else 0
+    wanted = cfg.retrieval.query_views
+    if wanted and built and wanted != built:
+        raise DatabaseUnavailableError(
+            f"the database at {db_path} pools {built} view(s) per query, the policy asks for {wanted} "
+            f"(retrieval.query_views); rebuild it with heisd build-db --query-views {wanted} or set {built}")
+    if wanted or not built:
+        return cfg
+    if built > len(cfg.views):
+        raise DatabaseUnavailableError(f"the database at {db_path} pools {built} views per query; "
+                                       f"the policy has only {list(cfg.views)}")
+    log.info("retrieval query pools the first %d view(s) %s, as the database at %s was built",
+             built, list(cfg.views[:built]), db_path)
+    return dataclasses.replace(cfg, retrieval=dataclasses.replace(cfg.retrieval, query_views=built))
 
 
 def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | None,
@@ -103,8 +134,12 @@ def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig |
             raise ModelLoadError(f"method {cfg.method!r} needs a drafter; no drafter_dir given")
         drafter = load_drafter(paths.drafter_dir, vla.language_model.config, DTYPES[cfg.dtype]).to(cfg.device)
     cfg = apply_calibration(cfg, paths.calibration_path)
+    if cfg.method in NEEDS_STORE and (store_cfg is None or store_cfg.backend == "edge"):
+        # the same path open_store opens: an explicit db_path wins over the store config's
+        cfg = resolve_query_views(cfg, paths.db_path or (store_cfg.path if store_cfg is not None else ""))
     if store is None and cfg.method in NEEDS_STORE:
         per_view = query_dim(vla)  # not every backbone says
-        obs_dim = len(cfg.views) * per_view if isinstance(per_view, int) else None
+        n_views = cfg.retrieval.query_views or len(cfg.views)
+        obs_dim = n_views * per_view if isinstance(per_view, int) else None
         store = open_store(cfg, paths, store_cfg, obs_dim=obs_dim, feat_dim=vla.hidden_size)
     return HybridDecoder(vla, cfg, store=store, drafter=drafter)

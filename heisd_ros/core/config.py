@@ -78,10 +78,16 @@ class RetrievalConfig:
     """Cap on sequence-tree nodes fused into the prefill forward. Measured on the tiny CPU model
     (33-token prompt): prefill alone 4.3 ms, +20 nodes 5.8 ms, +50 nodes 8.8 ms; whole branches
     are added best hit first, so the cap drops the least likely recombinations."""
+    query_views: int = 0
+    """How many leading views of `DecoderConfig.views` the retrieval query pools (0 = all). It
+    must match the database: `heisd build-db --query-views N` records N in its manifest, and a
+    policy left at 0 adopts the manifest's value. 1 (the primary view only) spares retrieval
+    steps a backbone pass on the other views when the prompt reads only the primary one."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.top_k <= 64, "retrieval top_k must be in [1, 64]")
         _require(7 <= self.max_tree_nodes <= 1024, "max_tree_nodes must be in [7, 1024]")
+        _require(0 <= self.query_views <= 16, "retrieval query_views must be in [0, 16] (0 = all views)")
 
 
 @dataclass(frozen=True)
@@ -249,6 +255,8 @@ class DecoderConfig:
         _require(self.method in METHODS, f"unknown method {self.method!r}; choose one of {METHODS}")
         _require(len(self.views) >= 1, "at least one view is required")
         _require(len(set(self.views)) == len(self.views), "view names must be unique")
+        _require(self.retrieval.query_views <= len(self.views),
+                 f"retrieval.query_views {self.retrieval.query_views} exceeds the {len(self.views)} views")
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
 
     def with_method(self, method: str) -> "DecoderConfig":

@@ -35,17 +35,18 @@ NEEDS_DRAFTER = ("drafter", "specvla", "heisd")
 NEEDS_STORE = ("retrieval", "heisd")
 
 
-def embed_views(vla, images: list[np.ndarray], backbone=None) -> tuple[np.ndarray, torch.Tensor]:
-    """Backbone on all views in one batch -> (retrieval query [V*C] unit norm, patches [V, N, C]).
+def embed_views(vla, images: list[np.ndarray], backbone=None,
+                query_views: int | None = None) -> tuple[np.ndarray, torch.Tensor]:
+    """Backbone on all views in one batch -> (retrieval query [Q*C] unit norm, patches [V, N, C]).
 
-    The query is the per-view mean over patches, concatenated and L2-normalised (DESIGN §2.1);
-    database builders call this too, so stored and live queries are the same function. A backbone
-    with `query_dim` pools only its first `query_dim` channels (multi-scale tokens keep the
-    stride-32 query). `backbone`: a callable standing in for `vla.vision_backbone` (the
-    decoder's traced copy).
+    The query is the per-view mean over patches of the first `query_views` views (None: all),
+    concatenated and L2-normalised (DESIGN §2.1); database builders call this too, so stored and
+    live queries are the same function. A backbone with `query_dim` pools only its first
+    `query_dim` channels (multi-scale tokens keep the stride-32 query). `backbone`: a callable
+    standing in for `vla.vision_backbone` (the decoder's traced copy).
     """
     patches = (backbone or vla.vision_backbone)(vla.preprocess(images))
-    pooled = patches[..., : query_dim(vla)].float().mean(dim=1).flatten()
+    pooled = patches[:query_views, :, : query_dim(vla)].float().mean(dim=1).flatten()
     return (pooled / pooled.norm().clamp_min(1e-12)).cpu().numpy(), patches
 
 
@@ -133,6 +134,7 @@ class HybridDecoder:
         self.head = vla.action_head_weight()
         self.metric = FusedMetric(cfg.fused_metric)
         self.skip = VerifySkipPolicy(cfg.verify_skip)
+        self.query_views = cfg.retrieval.query_views or len(cfg.views)
         self.strict = make_rule("strict", cfg.acceptance)
         self.drafter_rule = make_rule("token" if cfg.method == "specvla" else "strict", cfg.acceptance)
         self.retrieval_rule = make_rule("sequence" if cfg.method == "heisd" else "strict", cfg.acceptance)
@@ -213,14 +215,15 @@ class HybridDecoder:
     def _vision(self, obs: Observation, lat: dict, all_views: bool) -> tuple[np.ndarray | None, torch.Tensor]:
         """(retrieval query, the prompt views' patch features [V*N, C]).
 
-        Only a step that queries the database embeds every configured view; any other step runs
-        the backbone on the views the prompt reads (the primary one for OpenVLA), so `ar` and
-        drafter-mode steps do not pay for a camera only retrieval uses (the query is then None).
-        The projector runs only when the LLM does (`_new_decode`), so a skipped step pays for
-        vision and retrieval alone."""
-        views = self.cfg.views if all_views else self.cfg.views[: self.vla.prompt_views]
+        Only a step that queries the database embeds the views the query pools
+        (`retrieval.query_views`, all by default); any other step runs the backbone on the views
+        the prompt reads (the primary one for OpenVLA), so `ar` and drafter-mode steps do not pay
+        for a camera only retrieval uses (the query is then None). The projector runs only when
+        the LLM does (`_new_decode`), so a skipped step pays for vision and retrieval alone."""
+        n = max(self.query_views, self.vla.prompt_views) if all_views else self.vla.prompt_views
         with self._timed(lat, "vision"):
-            query, patches = embed_views(self.vla, [obs.images[v] for v in views], self.backbone)
+            query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views[:n]], self.backbone,
+                                         self.query_views)
         if not all_views:
             query = None
         self.last_query = query

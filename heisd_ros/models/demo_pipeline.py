@@ -185,9 +185,11 @@ def action_features(vla, examples: Sequence[Example], batch_size: int = 64) -> n
     return np.concatenate(out) if out else np.zeros((0, vla.hidden_size), np.float32)
 
 
-def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int = 64) -> list:
-    """DemoPoints of one episode: obs from all views (`embed_views`, exactly the live query),
-    feat / feat_prev by teacher-forcing the demo's own action tokens, the payload of DESIGN §4."""
+def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int = 64,
+                   query_views: int = len(VIEWS)) -> list:
+    """DemoPoints of one episode: obs from the first `query_views` views (`embed_views`, exactly
+    the live query), feat / feat_prev by teacher-forcing the demo's own action tokens, the payload
+    of DESIGN §4."""
     from heisd_ros.store.schema import DemoPoint
 
     tokens = episode_tokens(vla, stats, episode.actions)
@@ -195,7 +197,8 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
     queries, examples = [], []
     with torch.inference_mode():
         for t in range(episode.length):
-            query, patches = embed_views(vla, episode.views(t))
+            views = episode.views(t, VIEWS[: max(query_views, vla.prompt_views)])
+            query, patches = embed_views(vla, views, query_views=query_views)
             queries.append(query)
             examples.append(Example([], episode.instruction, tokens[t], prompt_patches(vla, patches),
                                     episode.ee_pos[t], float(prev[t])))

@@ -5,9 +5,10 @@ Usage:
     heisd build-db --model artifacts/mini_vla --bags artifacts/demos/libero_object/bags --out artifacts/mini_db_bags
         [--tasks 0-9] [--dataset NAME] [--collection heisd_demos] [--fresh] [--latency-queries 200] [--threads 1]
         [--dtype float32|bfloat16]   (the dtype the policy runs in; a different dtype re-embeds everything)
+        [--query-views N]            (the leading views the query pools, 0 = all; recorded in the manifest)
 
-One point per demo step: `obs` = the VLA's own backbone over both views (`embed_views`, the very
-function the live query uses), `feat` / `feat_prev` = the mean lm_head input over the 7 action
+One point per demo step: `obs` = the VLA's own backbone over both views, or over the first
+`--query-views` of them (`embed_views`, the very function the live query uses), `feat` / `feat_prev` = the mean lm_head input over the 7 action
 positions when the demo's own action tokens are teacher-forced (this step / the previous one),
 the payload of DESIGN §4, and the instruction as the task partition.
 
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.models.libero_data import VIEWS
 
 MANIFEST = "build_db_manifest.json"
 REPORT = "build_db_report.json"
@@ -66,9 +68,15 @@ class BuildDbConfig:
     """Model dtype for the embeddings: build with the dtype the policy runs in, since verify-skip
     compares live features with the stored ones at similarities near 0.9995 (a bf16 feature of the
     same input is only 0.9986-0.99997 similar to its fp32 one; benchmarks/NOTES.md entry 22)."""
+    query_views: int = 0
+    """Leading views (agentview, wrist) the `obs` query pools; 0 = both. Recorded in the manifest,
+    where a policy with `retrieval.query_views: 0` picks it up; 1 spares every retrieval step
+    the wrist view's backbone pass (benchmarks/NOTES.md entry 26)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if not 0 <= self.query_views <= len(VIEWS):
+            raise ConfigError(f"query_views must be in [0, {len(VIEWS)}] (0 = all), got {self.query_views}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if not self.demos and not self.bags:
@@ -130,9 +138,12 @@ def run(cfg: BuildDbConfig) -> dict:
     digest = model_digest(cfg.model)
     manifest_path = out / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    if manifest.get("model_digest") != digest or manifest.get("dtype", "float32") != cfg.dtype:
-        # another model, or the same one at another dtype: every stored vector is stale
-        manifest = {"model": str(cfg.model), "model_digest": digest, "dtype": cfg.dtype, "done": {}}
+    query_views = cfg.query_views or len(VIEWS)
+    if (manifest.get("model_digest") != digest or manifest.get("dtype", "float32") != cfg.dtype
+            or manifest.get("query_views", len(VIEWS)) != query_views):
+        # another model, the same one at another dtype, or other views: every stored vector is stale
+        manifest = {"model": str(cfg.model), "model_digest": digest, "dtype": cfg.dtype,
+                    "query_views": query_views, "done": {}}
     refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
     held_out: set[str] = set()
     if cfg.train_split_only:
@@ -141,7 +152,7 @@ def run(cfg: BuildDbConfig) -> dict:
             raise ConfigError(f"--train-split-only needs {Path(cfg.model) / 'train_log.json'} with held-out "
                               "episodes (written by heisd train-vla)")
         refs = [r for r in refs if r.kind != "hdf5" or r.source not in held_out]
-    obs_dim = vla.vision_backbone.query_dim * 2
+    obs_dim = vla.vision_backbone.query_dim * query_views
     store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
                        obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)
     written = skipped = 0
@@ -153,7 +164,7 @@ def run(cfg: BuildDbConfig) -> dict:
             if key in manifest["done"]:
                 skipped += 1
             else:
-                points = episode_points(vla, stats, load_episode(ref), cfg.batch_size)
+                points = episode_points(vla, stats, load_episode(ref), cfg.batch_size, query_views)
                 store.upsert(points)
                 manifest["done"][key] = len(points)
                 _write_manifest(manifest_path, manifest)
@@ -177,7 +188,7 @@ def run(cfg: BuildDbConfig) -> dict:
         "config": dataclasses.asdict(cfg),
         "git_revision": git_revision(),
         "threads": cfg.threads,
-        "model_digest": digest, "dtype": cfg.dtype,
+        "model_digest": digest, "dtype": cfg.dtype, "query_views": query_views,
         "episodes": len(refs), "held_out_left_out": len(held_out) if cfg.train_split_only else 0,
         "episodes_skipped_as_done": skipped, "points_written": written,
         "points": total, "tasks": tasks, "obs_dim": obs_dim, "feat_dim": vla.hidden_size,
@@ -211,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"),
                    help="model dtype for the embeddings (the dtype the policy will run in)")
+    p.add_argument("--query-views", type=int, default=d.query_views,
+                   help="leading views (agentview, wrist) the retrieval query pools; 0 = all (default)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

@@ -164,7 +164,7 @@ class Policies:
         from heisd_ros.core.drafter import load_drafter
         from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
         from heisd_ros.models.loader import DTYPES, load_vla
-        from heisd_ros.policy import PolicyPaths, open_store, resolve_paths
+        from heisd_ros.policy import PolicyPaths, open_store, resolve_paths, resolve_query_views
 
         raw = PolicyPaths(cfg.model_dir, cfg.drafter_dir if cfg.model_dir != "tiny" else "",
                           cfg.db_path if cfg.model_dir != "tiny" else "",
@@ -173,6 +173,8 @@ class Policies:
         self.vla = load_vla(self.paths.model_dir, dtype=cfg.dtype)
         base = apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task),
                                  self.paths.calibration_path)
+        if any(m in NEEDS_STORE for m in cfg.methods):
+            base = resolve_query_views(base, self.paths.db_path)
         self.base_cfg = base
         drafter = None
         if any(m in NEEDS_DRAFTER for m in cfg.methods):

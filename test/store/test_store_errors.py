@@ -203,3 +203,29 @@ def test_a_database_embedded_at_another_dtype_is_named_at_open(edge_template, tm
     assert "embedded at float32, the policy runs at bfloat16" in caplog.text
     (db / "build_db_manifest.json").write_text(json.dumps({"dtype": "bfloat16", "done": {}}))
     assert database_dtype(str(db)) == "bfloat16"
+
+
+def test_query_views_come_from_the_database_manifest(tmp_path) -> None:
+    """retrieval.query_views 0 adopts the views the database pooled; an explicit value must match."""
+    import json
+
+    from heisd_ros.core.config import DecoderConfig, RetrievalConfig
+    from heisd_ros.core.errors import DatabaseUnavailableError
+    from heisd_ros.policy import resolve_query_views
+
+    db = tmp_path / "db"
+    db.mkdir()
+    assert resolve_query_views(DecoderConfig(), str(db)).retrieval.query_views == 0  # no manifest: all views
+    (db / "build_db_manifest.json").write_text(json.dumps({"dtype": "float32", "done": {}}))
+    assert resolve_query_views(DecoderConfig(), str(db)).retrieval.query_views == 0  # built before the option
+    (db / "build_db_manifest.json").write_text(json.dumps({"query_views": 1, "done": {}}))
+    assert resolve_query_views(DecoderConfig(), str(db)).retrieval.query_views == 1
+    one = DecoderConfig(retrieval=RetrievalConfig(query_views=1))
+    assert resolve_query_views(one, str(db)) == one
+    with pytest.raises(DatabaseUnavailableError, match="pools 1 view"):
+        resolve_query_views(DecoderConfig(retrieval=RetrievalConfig(query_views=2)), str(db))
+    (db / "build_db_manifest.json").write_text(json.dumps({"query_views": 3, "done": {}}))
+    with pytest.raises(DatabaseUnavailableError, match="only"):
+        resolve_query_views(DecoderConfig(), str(db))
+    with pytest.raises(Exception, match="exceeds"):
+        DecoderConfig(views=("agentview",), retrieval=RetrievalConfig(query_views=2))

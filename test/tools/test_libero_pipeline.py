@@ -333,3 +333,40 @@ def test_build_db_train_split_only_leaves_out_held_out_episodes(artifacts, demos
         assert store.count() == T and len(episodes) == 1 and held_demo not in {e % 1000 for e in episodes}
     finally:
         store.close()
+
+
+def test_build_db_query_views_1_pools_the_primary_view_and_the_policy_follows(artifacts, demos, tmp_path) -> None:
+    """`build-db --query-views 1`: stored queries pool the agentview alone (half the width), the
+    manifest says so, a policy left at query_views 0 adopts it and its live query equals the
+    stored one for the same frame; a policy that insists on both views is refused at start-up."""
+    from heisd_ros.core.config import DecoderConfig, RetrievalConfig, StoreConfig
+    from heisd_ros.core.errors import DatabaseUnavailableError
+    from heisd_ros.core.types import Observation
+    from heisd_ros.models.libero_data import load_episode, scan_hdf5
+    from heisd_ros.policy import PolicyPaths, load_policy
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.tools import build_db
+
+    out = tmp_path / "db_primary"
+    assert build_db.main(["--model", str(artifacts["model"]), "--demos", str(demos), "--out", str(out),
+                          "--latency-queries", "0", "--query-views", "1", "--no-progress"]) == 0
+    assert json.loads((out / "build_db_manifest.json").read_text())["query_views"] == 1
+    with make_store(StoreConfig(backend="edge", path=str(out))) as one, \
+            make_store(StoreConfig(backend="edge", path=str(artifacts["db"]))) as both:
+        assert one.obs_dim * 2 == both.obs_dim
+        stored = {(p.episode, p.step): p for p in one.scroll()}
+        assert {k: p.action_tokens for k, p in stored.items()} == {(p.episode, p.step): p.action_tokens
+                                                                     for p in both.scroll()}
+    paths = PolicyPaths(str(artifacts["model"]), str(artifacts["drafter"]), str(out), str(artifacts["calib"]))
+    policy = load_policy(paths, DecoderConfig(method="retrieval"))
+    assert policy.cfg.retrieval.query_views == 1
+    ref = scan_hdf5(demos)[0]
+    ep = load_episode(ref)
+    t = 3
+    _, st = policy.step(Observation({v: ep.images[v][t] for v in ("agentview", "wrist")}, ep.instruction, ep.ee_pos[t]))
+    assert st.mode == "retrieval" and len(st.tokens) == 7
+    point = stored[(ep.episode, t)]
+    np.testing.assert_allclose(policy.last_query, point.obs, atol=1e-5)
+    policy.store.close()
+    with pytest.raises(DatabaseUnavailableError, match="--query-views 2"):
+        load_policy(paths, DecoderConfig(method="retrieval", retrieval=RetrievalConfig(query_views=2)))
