@@ -132,6 +132,20 @@ class Summary:
         tmp.replace(self.path)
 
 
+def file_episode_offset(path: Path, offset: int) -> int:
+    """The `episode_offset` a demo file keeps: its own once it holds demos (0 for files written
+    before gen-demos set one), else `offset`."""
+    import h5py
+
+    if not path.is_file():
+        return offset
+    with h5py.File(path, "r") as f:
+        data = f.get("data")
+        if data is None or len(data.keys()) == 0:
+            return offset
+        return int(data.attrs.get("episode_offset", 0))
+
+
 def run(config: GenDemosConfig, stop: "StopBetweenEpisodes | None" = None) -> dict[str, Any]:
     """Generate the demos; returns the summary dictionary. `stop` ends the run between episodes."""
     from tqdm import tqdm
@@ -161,7 +175,12 @@ def run(config: GenDemosConfig, stop: "StopBetweenEpisodes | None" = None) -> di
             "env_args": {"env_name": "OffScreenRenderEnv", "camera_size_px": config.camera_size_px,
                          "control_freq": 20, "controller": "OSC_POSE", "settle_steps": env.config.settle_steps},
         }
-        with Hdf5DemoWriter(root / f"{name}_demo.hdf5", attrs) as writer:
+        path = root / f"{name}_demo.hdf5"
+        # Episode numbers (database point ids) start after the demos that lower init states would
+        # have, so files of disjoint init-state ranges (gen-demos runs into other --out dirs) can
+        # share one demo directory; a file that already holds demos keeps its numbering.
+        attrs["episode_offset"] = file_episode_offset(path, min(config.init_states) * len(variants))
+        with Hdf5DemoWriter(path, attrs) as writer:
             written = writer.existing()
             for k, v in todo:
                 if stop is not None and stop.requested:

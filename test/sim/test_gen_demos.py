@@ -61,3 +61,35 @@ def test_signal_stops_between_episodes() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested  # the process is still alive: the run stops at the next episode
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_files_of_disjoint_init_state_ranges_share_a_demo_directory(tmp_path: Path) -> None:
+    """Two gen-demos files of one task (init states 0-1 and 2-3): their episode numbers, hence
+    database point ids, do not collide once both sit in one directory; a file that already holds
+    demos keeps its numbering when resumed with another range."""
+    import numpy as np
+
+    from heisd_ros.models.libero_data import scan_hdf5
+    from heisd_ros.sim.recorder import Episode, Hdf5DemoWriter
+
+    def episode(k: int) -> Episode:
+        T = 3
+        return Episode(actions=np.zeros((T, 7)), ee_pos=np.zeros((T, 3)), ee_quat=np.tile([0.0, 0, 0, 1], (T, 1)),
+                       ee_rot=np.tile(np.eye(3), (T, 1, 1)), gripper_qpos=np.zeros((T, 2)), joint_pos=np.zeros((T, 7)),
+                       states=np.zeros((T, 4)),
+                       images={v: np.zeros((T, 8, 8, 3), np.uint8) for v in ("agentview", "wrist")},
+                       instruction="pick up the ketchup", success=True, init_state_index=k, seed=k)
+
+    attrs = {"instruction": "pick up the ketchup", "suite": "libero_object", "task_index": 4, "task_name": "t"}
+    both = tmp_path / "both"
+    both.mkdir()
+    for name, first in (("a", 0), ("b", 2)):
+        path = tmp_path / name / "t_demo.hdf5"
+        offset = gen_demos.file_episode_offset(path, first)
+        with Hdf5DemoWriter(path, {**attrs, "episode_offset": offset}) as w:
+            w.write(episode(first))
+            w.write(episode(first + 1))
+        (both / f"t_demo_{name}.hdf5").symlink_to(path)
+    assert sorted(r.episode for r in scan_hdf5(both)) == [4000, 4001, 4002, 4003]
+    assert gen_demos.file_episode_offset(tmp_path / "a" / "t_demo.hdf5", 20) == 0  # keeps its numbering
+    assert gen_demos.file_episode_offset(tmp_path / "new" / "t_demo.hdf5", 20) == 20

@@ -71,6 +71,16 @@ def test_cli_short_episode_and_resume(tmp_path: Path) -> None:
     assert (task["attempts"], task["successes"]) == (1, 0)
     assert gen_demos.main(argv) == 0  # resumable: nothing left to attempt
     assert json.loads((tmp_path / "libero_object" / "summary.json").read_text())["tasks"]["0"]["attempts"] == 1
+    # a run over later init states (another --out) numbers its episodes after them
+    later = tmp_path / "later"
+    assert gen_demos.main(["--tasks", "0", "--init-states", "3", "--max-steps", "12", "--camera-size", "64",
+                           "--out", str(later)]) == 0
+    import h5py
+
+    for root, offset in ((tmp_path, 0), (later, 3)):
+        (path,) = (root / "libero_object").glob("*_demo.hdf5")
+        with h5py.File(path, "r") as f:
+            assert int(f["data"].attrs["episode_offset"]) == offset
 
 
 def test_perturbed_reset_shifts_objects(env: LiberoEnv) -> None:
