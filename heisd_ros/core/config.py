@@ -249,6 +249,10 @@ class DecoderConfig:
     """A task without database entries: 'error' (UnknownTaskError) or 'drafter' (decode without retrieval)."""
     unnorm_key: str = ""
     """Which entry of the model's dataset statistics un-normalises actions ('' = the model's default)."""
+    gripper_hold_steps: int = 0
+    """Debounce: the executed gripper command changes only after this many consecutive steps ask
+    for the change (0 = every step's own command, as OpenVLA). For policies whose gripper token
+    chatters (heisd_ros/core/gripper.py)."""
 
     def __post_init__(self) -> None:
         _require(self.unknown_task in ("error", "drafter"), "unknown_task must be 'error' or 'drafter'")
@@ -258,6 +262,7 @@ class DecoderConfig:
         _require(self.retrieval.query_views <= len(self.views),
                  f"retrieval.query_views {self.retrieval.query_views} exceeds the {len(self.views)} views")
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
+        _require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
 
     def with_method(self, method: str) -> "DecoderConfig":
         return dataclasses.replace(self, method=method)

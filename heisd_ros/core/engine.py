@@ -27,6 +27,7 @@ from heisd_ros.core.errors import DatabaseError, InvalidObservationError, Unknow
 from heisd_ros.core.kinematics import FusedMetric
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
+from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats, gripper_command
 from heisd_ros.core.verifier import TargetSession
 from heisd_ros.core.verify_skip import VerifySkipPolicy
@@ -135,6 +136,7 @@ class HybridDecoder:
         self.metric = FusedMetric(cfg.fused_metric)
         self.skip = VerifySkipPolicy(cfg.verify_skip)
         self.query_views = cfg.retrieval.query_views or len(cfg.views)
+        self.gripper = GripperDebounce(cfg.gripper_hold_steps)
         self.strict = make_rule("strict", cfg.acceptance)
         self.drafter_rule = make_rule("token" if cfg.method == "specvla" else "strict", cfg.acceptance)
         self.retrieval_rule = make_rule("sequence" if cfg.method == "heisd" else "strict", cfg.acceptance)
@@ -155,6 +157,7 @@ class HybridDecoder:
         self.f_live = None
         self.last_gripper_token = None
         self.last_gripper_command = -1.0
+        self.gripper.reset()
 
     def episode_feedback(self, success: bool) -> None:
         self.skip.feedback(bool(success))
@@ -200,6 +203,8 @@ class HybridDecoder:
         if decode is not None:
             self.f_live = torch.stack(decode.producers).float().mean(0).cpu().numpy()
         self.last_gripper_token = int(tokens[GRIPPER_INDEX])
+        if self.cfg.gripper_hold_steps:
+            action[GRIPPER_INDEX], st.gripper_held = self.gripper(float(action[GRIPPER_INDEX]))
         self.last_gripper_command = gripper_command(action[GRIPPER_INDEX])
         self.skip.record(st.skipped)
         lat["total"] = (time.perf_counter() - t0) * 1e3

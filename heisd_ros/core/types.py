@@ -83,6 +83,8 @@ class StepStats:
     tokens: tuple[int, ...] = ()
     fallback: str = ""
     """Why a mode fell back (e.g. database fault -> drafter), '' when nothing fell back."""
+    gripper_held: bool = False
+    """The executed gripper command is the previous one, not this step's (`gripper_hold_steps`)."""
 
     @property
     def decoding_cycles(self) -> int:

@@ -71,6 +71,8 @@ class EvalLiberoConfig:
     dtype: str = "float32"
     unknown_task: str = "error"
     """A task missing from the database: 'error' or 'drafter' (decode without retrieval)."""
+    gripper_hold_steps: int = 0
+    """DecoderConfig.gripper_hold_steps for every method (0 = off, as OpenVLA)."""
     out: str = "benchmarks/libero_object.json"
     plots_dir: str = ""
     progress: bool = True
@@ -171,7 +173,8 @@ class Policies:
                           cfg.calibration_path if cfg.model_dir != "tiny" else "", tiny_cache_dir=cfg.tiny_dir)
         self.paths = resolve_paths(raw)
         self.vla = load_vla(self.paths.model_dir, dtype=cfg.dtype)
-        base = apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task),
+        base = apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
+                                               gripper_hold_steps=cfg.gripper_hold_steps),
                                  self.paths.calibration_path)
         if any(m in NEEDS_STORE for m in cfg.methods):
             base = resolve_query_views(base, self.paths.db_path)
@@ -445,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"))
     p.add_argument("--unknown-task", default=d.unknown_task, choices=("error", "drafter"))
+    p.add_argument("--gripper-hold-steps", type=int, default=d.gripper_hold_steps,
+                   help="a gripper change is executed after this many consecutive steps ask for it (0 = off)")
     p.add_argument("--out", default=d.out, help="JSON report; the log is <out stem>.jsonl, the table <out stem>.md")
     p.add_argument("--plots", default=d.plots_dir, help="directory for PNG plots ('' = none)")
     p.add_argument("--no-progress", action="store_true")
@@ -460,7 +465,7 @@ def config_from_args(args: argparse.Namespace) -> EvalLiberoConfig:
         tiny_dir=args.tiny_dir, suite=args.suite, tasks=parse_range(args.tasks), init_states=parse_range(args.init_states),
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), max_steps=args.max_steps,
         camera_size_px=args.camera_size, seed=args.seed, threads=args.threads, dtype=args.dtype,
-        unknown_task=args.unknown_task, out=args.out, plots_dir=args.plots, progress=not args.no_progress,
+        unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps, out=args.out, plots_dir=args.plots, progress=not args.no_progress,
     )
 
 
