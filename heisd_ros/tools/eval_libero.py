@@ -231,6 +231,8 @@ def _step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) -
     }
     if st.fallback:
         rec["fallback"] = st.fallback
+    if st.gripper_held:
+        rec["gripper_held"] = True
     if st.skip_check:
         rec["skip_check"] = st.skip_check
         rec["skip_sim"] = round(st.skip_similarity, 5)
