@@ -139,7 +139,6 @@ def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig |
         cfg = resolve_query_views(cfg, paths.db_path or (store_cfg.path if store_cfg is not None else ""))
     if store is None and cfg.method in NEEDS_STORE:
         per_view = query_dim(vla)  # not every backbone says
-        n_views = cfg.retrieval.query_views or len(cfg.views)
-        obs_dim = n_views * per_view if isinstance(per_view, int) else None
+        obs_dim = cfg.query_view_count * per_view if isinstance(per_view, int) else None
         store = open_store(cfg, paths, store_cfg, obs_dim=obs_dim, feat_dim=vla.hidden_size)
     return HybridDecoder(vla, cfg, store=store, drafter=drafter)

@@ -264,6 +264,11 @@ class DecoderConfig:
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
         _require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
 
+    @property
+    def query_view_count(self) -> int:
+        """How many leading views the retrieval query pools (`retrieval.query_views`, 0 = all)."""
+        return self.retrieval.query_views or len(self.views)
+
     def with_method(self, method: str) -> "DecoderConfig":
         return dataclasses.replace(self, method=method)
 

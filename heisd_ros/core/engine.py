@@ -24,10 +24,10 @@ from heisd_ros.core.acceptance import AcceptanceRule, TreeAcceptance, make_rule,
 from heisd_ros.core.config import DecoderConfig, _require
 from heisd_ros.core.drafter import DrafterSession, EagleDrafter
 from heisd_ros.core.errors import DatabaseError, InvalidObservationError, UnknownTaskError
+from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.kinematics import FusedMetric
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
-from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats, gripper_command
 from heisd_ros.core.verifier import TargetSession
 from heisd_ros.core.verify_skip import VerifySkipPolicy
@@ -135,7 +135,7 @@ class HybridDecoder:
         self.head = vla.action_head_weight()
         self.metric = FusedMetric(cfg.fused_metric)
         self.skip = VerifySkipPolicy(cfg.verify_skip)
-        self.query_views = cfg.retrieval.query_views or len(cfg.views)
+        self.query_views = cfg.query_view_count
         self.gripper = GripperDebounce(cfg.gripper_hold_steps)
         self.strict = make_rule("strict", cfg.acceptance)
         self.drafter_rule = make_rule("token" if cfg.method == "specvla" else "strict", cfg.acceptance)

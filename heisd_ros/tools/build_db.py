@@ -8,9 +8,10 @@ Usage:
         [--query-views N]            (the leading views the query pools, 0 = all; recorded in the manifest)
 
 One point per demo step: `obs` = the VLA's own backbone over both views, or over the first
-`--query-views` of them (`embed_views`, the very function the live query uses), `feat` / `feat_prev` = the mean lm_head input over the 7 action
-positions when the demo's own action tokens are teacher-forced (this step / the previous one),
-the payload of DESIGN §4, and the instruction as the task partition.
+`--query-views` of them (`embed_views`, the very function the live query uses), `feat` /
+`feat_prev` = the mean lm_head input over the 7 action positions when the demo's own action
+tokens are teacher-forced (this step / the previous one), the payload of DESIGN §4, and the
+instruction as the task partition.
 
 Sources: LIBERO-layout HDF5 files (`--demos`) and/or rosbag2 recordings (`--bags`: every
 directory holding a metadata.yaml below it; topics /agentview/image_raw, /wrist/image_raw,

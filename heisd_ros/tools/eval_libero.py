@@ -467,7 +467,8 @@ def config_from_args(args: argparse.Namespace) -> EvalLiberoConfig:
         tiny_dir=args.tiny_dir, suite=args.suite, tasks=parse_range(args.tasks), init_states=parse_range(args.init_states),
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), max_steps=args.max_steps,
         camera_size_px=args.camera_size, seed=args.seed, threads=args.threads, dtype=args.dtype,
-        unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps, out=args.out, plots_dir=args.plots, progress=not args.no_progress,
+        unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps, out=args.out,
+        plots_dir=args.plots, progress=not args.no_progress,
     )
 
 
