@@ -88,6 +88,10 @@ class TrainVLAConfig:
     """Learning rate of the fine-tuned backbone blocks relative to `lr`."""
     shift_px: int = 0
     """Random-shift augmentation of training images by up to this many pixels (needs backbone_blocks)."""
+    prefix_swap: float = 0.0
+    """Probability that each teacher-forced action *input* token is swapped for another example's
+    token of the same dimension (targets unchanged), so later tokens (the gripper above all) are read
+    off the image rather than off the tokens before them (`training.swap_prefix_tokens`)."""
     init_from: str = ""
     """Start from this saved VLA (its architecture, tokenizer and norm stats; the size options above are
     ignored) instead of from scratch: fine-tuning on aggregated data (`heisd dagger`)."""
@@ -116,6 +120,8 @@ class TrainVLAConfig:
             raise ConfigError("backbone_blocks must be in 0..16 (EfficientNet-Lite0 has 16 blocks)")
         if self.backbone_lr_scale <= 0:
             raise ConfigError("backbone_lr_scale must be > 0")
+        if not 0.0 <= self.prefix_swap <= 1.0:
+            raise ConfigError("prefix_swap must be in [0, 1]")
         if self.shift_px < 0 or (self.shift_px and not self.backbone_blocks):
             raise ConfigError("shift_px must be >= 0, and image augmentation needs --backbone-blocks "
                               "(a frozen backbone trains on cached features, not images)")
@@ -226,7 +232,8 @@ def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float
 
     losses = train_vla(vla, train, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                        progress=progress, bf16_autocast=cfg.bf16_autocast,
-                       backbone_lr_scale=cfg.backbone_lr_scale, shift_px=cfg.shift_px)
+                       backbone_lr_scale=cfg.backbone_lr_scale, shift_px=cfg.shift_px,
+                       prefix_swap=cfg.prefix_swap)
     bar.close()
     return losses, curve
 
@@ -341,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone-lr-scale", type=float, default=d.backbone_lr_scale)
     p.add_argument("--shift-px", type=int, default=d.shift_px,
                    help="random-shift augmentation of training images (needs --backbone-blocks)")
+    p.add_argument("--prefix-swap", type=float, default=d.prefix_swap,
+                   help="probability of swapping each teacher-forced action input token for another "
+                        "example's (targets unchanged): the gripper token then reads the image")
     p.add_argument("--init-from", default=d.init_from,
                    help="fine-tune this saved VLA (its architecture and norm stats) instead of training from scratch")
     p.add_argument("--no-progress", dest="progress", action="store_false")
