@@ -110,13 +110,25 @@ def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
     return vla.action_tokenizer.encode(stats.normalise(actions))
 
 
-def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache | None) -> list[Example]:
+def training_actions(episode: DemoEpisode, relabel_grasp_dwell: bool) -> np.ndarray:
+    """The episode's action labels, with the settled grasp-dwell steps relabelled when asked
+    (`models.relabel`; an episode without finger positions, e.g. from a bag, keeps its own)."""
+    if not relabel_grasp_dwell or episode.gripper_qpos is None:
+        return episode.actions
+    from heisd_ros.models.relabel import relabel_grasp_dwell as relabel
+
+    return relabel(episode.actions, episode.gripper_qpos)[0]
+
+
+def episode_examples(
+    vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache | None, relabel_grasp_dwell: bool = False
+) -> list[Example]:
     """One Example per step of the episode, with cached prompt-view patches (or, without a
     cache, the prompt views' images, for a backbone that trains), the end-effector position and
-    the demo's tokens."""
+    the demo's tokens (`relabel_grasp_dwell`: see `training_actions`)."""
     if cache is None:
         episode = load_episode(ref, with_images=True)
-        tokens = episode_tokens(vla, stats, episode.actions)
+        tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
         prev = previous_gripper(episode.actions)
         views = [episode.images[VIEWS[v]] for v in range(vla.prompt_views)]
         return [Example([v[t] for v in views], episode.instruction, tokens[t], None, episode.ee_pos[t], float(prev[t]))
@@ -124,7 +136,7 @@ def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache
     cached = ref.kind == "hdf5" and cache.is_complete(ref)
     episode = load_episode(ref, with_images=not cached)
     feats = cache.get(ref, None if cached else episode)
-    tokens = episode_tokens(vla, stats, episode.actions)
+    tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
     if len(feats) != len(tokens):
         raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
     prev = previous_gripper(episode.actions)

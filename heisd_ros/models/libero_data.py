@@ -49,6 +49,8 @@ class DemoEpisode:
     ee_pos: np.ndarray  # [T, 3] m
     images: dict[str, np.ndarray] = field(default_factory=dict)  # view -> [T, H, W, 3] uint8
     success: bool = True
+    gripper_qpos: np.ndarray | None = None
+    """[T, 2] finger joint positions (m) where the recording has them (HDF5 `obs/gripper_states`)."""
 
     @property
     def length(self) -> int:
@@ -160,9 +162,10 @@ def load_hdf5_episode(ref: EpisodeRef, with_images: bool = True) -> DemoEpisode:
             g = f["data"][ref.demo]
             images = {v: g[f"obs/{k}"][()] for v, k in HDF5_KEYS.items()} if with_images else {}
             success = bool(g["dones"][-1]) if "dones" in g else True
+            fingers = g["obs/gripper_states"][()].astype(np.float64) if "obs/gripper_states" in g else None
             return DemoEpisode(ref.dataset, ref.task, ref.task, ref.episode, f"{ref.path}:{ref.demo}",
                                g["actions"][()].astype(np.float64), g["obs/ee_pos"][()].astype(np.float64),
-                               images, success)
+                               images, success, fingers)
     except (OSError, KeyError) as err:
         raise DemoDataError(f"cannot read {ref.path}:{ref.demo}: {err}") from err
 

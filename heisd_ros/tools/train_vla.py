@@ -88,6 +88,9 @@ class TrainVLAConfig:
     """Learning rate of the fine-tuned backbone blocks relative to `lr`."""
     shift_px: int = 0
     """Random-shift augmentation of training images by up to this many pixels (needs backbone_blocks)."""
+    relabel_grasp_dwell: bool = False
+    """Label the expert's settled grasp-dwell steps with its first lift action (`models.relabel`),
+    so a one-image policy does not learn to hold still forever once it has grasped."""
     prefix_swap: float = 0.0
     """Probability that each teacher-forced action *input* token is swapped for another example's
     token of the same dimension (targets unchanged), so later tokens (the gripper above all) are read
@@ -196,7 +199,7 @@ def _hash_collisions(tok, instructions: list[str]) -> list[list[str]]:
     return [ws for ws in by_id.values() if len(ws) > 1]
 
 
-def _examples(vla, stats, refs, val_refs, cache, progress: bool) -> tuple[list, list]:
+def _examples(vla, stats, refs, val_refs, cache, progress: bool, relabel: bool = False) -> tuple[list, list]:
     """(train, held-out) Examples with cached backbone features (or images when `cache` is None)."""
     from heisd_ros.models.demo_pipeline import episode_examples, progress_bar
 
@@ -204,7 +207,7 @@ def _examples(vla, stats, refs, val_refs, cache, progress: bool) -> tuple[list, 
     train, val = [], []
     bar = progress_bar(len(refs), "features" if cache is not None else "frames", progress)
     for r in refs:
-        (val if r in held else train).extend(episode_examples(vla, stats, r, cache))
+        (val if r in held else train).extend(episode_examples(vla, stats, r, cache, relabel))
         bar.update(1)
     bar.close()
     return train, val
@@ -273,7 +276,7 @@ def run(cfg: TrainVLAConfig) -> dict:
         vla.vision_backbone.fine_tune_tail(cfg.backbone_blocks)
     t_cache = time.perf_counter()
     cache = FeatureCache(cfg.feature_cache_dir, vla) if not cfg.backbone_blocks else None
-    train, val = _examples(vla, stats, refs, val_refs, cache, cfg.progress)
+    train, val = _examples(vla, stats, refs, val_refs, cache, cfg.progress, cfg.relabel_grasp_dwell)
     cache_s = time.perf_counter() - t_cache
     t_train = time.perf_counter()
     losses, curve = _train(vla, train, val, cfg)
@@ -348,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone-lr-scale", type=float, default=d.backbone_lr_scale)
     p.add_argument("--shift-px", type=int, default=d.shift_px,
                    help="random-shift augmentation of training images (needs --backbone-blocks)")
+    p.add_argument("--relabel-grasp-dwell", action="store_true",
+                   help="label the expert's settled grasp-dwell steps with its first lift action")
     p.add_argument("--prefix-swap", type=float, default=d.prefix_swap,
                    help="probability of swapping each teacher-forced action input token for another "
                         "example's (targets unchanged): the gripper token then reads the image")
