@@ -5,7 +5,8 @@ steps before it lifts. The fingers settle on the object after about 6 of them, s
 steps of every grasp show the same closed, motionless scene labelled "hold", and only the first
 lift step (still the same scene: the hand has not moved yet) says "lift". A policy that reads one
 image cannot see the timer: in that scene it predicts "hold", the scene does not change, and it
-holds forever (NOTES 30: the closed-loop episodes that reached the object froze there).
+holds forever (benchmarks/NOTES.md 30-31: closed-loop episodes that reached the object froze
+there).
 
 `relabel_grasp_dwell` gives those settled dwell steps the action the expert takes when its timer
 runs out (the first step of the lift), which is what a state-based expert would command there.
@@ -22,14 +23,16 @@ SETTLED_M = 5e-4
 """Finger-gap change per step below which the fingers count as settled (they close ~5-7 mm/step)."""
 
 
-def relabel_grasp_dwell(actions: np.ndarray, gripper_qpos: np.ndarray, settled_m: float = SETTLED_M) -> tuple[np.ndarray, int]:
+def relabel_grasp_dwell(
+    actions: np.ndarray, gripper_qpos: np.ndarray, settled_m: float = SETTLED_M
+) -> tuple[np.ndarray, int]:
     """Raw actions [T, 7] and finger joints [T, 2] -> (actions with every settled grasp-dwell step
     relabelled as the first lift step, number of steps relabelled).
 
     A grasp dwell is a run of close commands without translation (the three position actions 0;
     the expert may still correct its yaw) right after an open -> close switch, ending in a close
-    command that moves the hand (the lift). Within it, a step whose
-    finger gap changed by less than `settled_m` since the previous step is settled."""
+    command that moves the hand (the lift). Within it, a step whose finger gap changed by less
+    than `settled_m` since the previous step is settled."""
     a = np.array(actions, dtype=np.float64, copy=True)
     fingers = np.asarray(gripper_qpos, dtype=np.float64)
     if fingers.shape != (len(a), 2):
