@@ -28,7 +28,7 @@ from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.kinematics import FusedMetric
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
-from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats, gripper_command
+from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats
 from heisd_ros.core.verifier import TargetSession
 from heisd_ros.core.verify_skip import VerifySkipPolicy
 
@@ -143,10 +143,13 @@ class HybridDecoder:
         self.instruction: str | None = None
         self.f_live: np.ndarray | None = None
         self.last_gripper_token: int | None = None
-        self.last_gripper_command = -1.0
-        """The gripper command of the last step (+1 close, -1 open): a prompt input for models
-        with `proprio_prev_gripper`. An episode starts open."""
         self.last_query: np.ndarray | None = None
+
+    @property
+    def last_gripper_command(self) -> float:
+        """The gripper command executed last (+1 close, -1 open; after the debounce, when on): a
+        prompt input for models with `proprio_prev_gripper`. An episode starts open."""
+        return self.gripper.state
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, instruction: str | None = None) -> None:
@@ -156,7 +159,6 @@ class HybridDecoder:
         self.skip.reset_episode()
         self.f_live = None
         self.last_gripper_token = None
-        self.last_gripper_command = -1.0
         self.gripper.reset()
 
     def episode_feedback(self, success: bool) -> None:
@@ -203,9 +205,8 @@ class HybridDecoder:
         if decode is not None:
             self.f_live = torch.stack(decode.producers).float().mean(0).cpu().numpy()
         self.last_gripper_token = int(tokens[GRIPPER_INDEX])
-        if self.cfg.gripper_hold_steps:
-            action[GRIPPER_INDEX], st.gripper_held = self.gripper(float(action[GRIPPER_INDEX]))
-        self.last_gripper_command = gripper_command(action[GRIPPER_INDEX])
+        # hold_steps 0 passes the (already binary) command through unchanged
+        action[GRIPPER_INDEX], st.gripper_held = self.gripper(float(action[GRIPPER_INDEX]))
         self.skip.record(st.skipped)
         lat["total"] = (time.perf_counter() - t0) * 1e3
         return action, st

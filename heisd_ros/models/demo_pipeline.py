@@ -30,6 +30,7 @@ import torch
 from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.engine import embed_views, prompt_patches
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, gripper_command
+from heisd_ros.models import relabel
 from heisd_ros.models.libero_data import VIEWS, DemoEpisode, EpisodeRef, load_episode
 from heisd_ros.models.training import Example, action_logits, greedy_decode, teacher_forced
 
@@ -115,9 +116,7 @@ def training_actions(episode: DemoEpisode, relabel_grasp_dwell: bool) -> np.ndar
     (`models.relabel`; an episode without finger positions, e.g. from a bag, keeps its own)."""
     if not relabel_grasp_dwell or episode.gripper_qpos is None:
         return episode.actions
-    from heisd_ros.models.relabel import relabel_grasp_dwell as relabel
-
-    return relabel(episode.actions, episode.gripper_qpos)[0]
+    return relabel.relabel_grasp_dwell(episode.actions, episode.gripper_qpos)[0]
 
 
 def episode_examples(

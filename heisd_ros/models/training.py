@@ -181,9 +181,8 @@ def train_vla(
     for i, batch in enumerate(_batches(examples, batch_size, steps, seed)):
         batch = _augmented(batch, shift_px, rng)
         clean = np.stack([ex.tokens for ex in batch])
-        inputs = swap_prefix_tokens(clean, prefix_swap, rng) if prefix_swap > 0 else clean
         with _autocast(bf16_autocast, vla.device):
-            hidden, _, p = teacher_forced(vla, batch, inputs)
+            hidden, _, p = teacher_forced(vla, batch, swap_prefix_tokens(clean, prefix_swap, rng))
             logits = action_logits(vla, hidden[:, p - 1 : p - 1 + ACTION_DIM])
         target = torch.tensor(clean, device=logits.device) - first
         loss = nn.functional.cross_entropy(logits.reshape(-1, 256).float(), target.reshape(-1))
