@@ -281,7 +281,8 @@ class HybridDecoder:
             visual = self.vla.projector(patches)
         with self._timed(lat, "prompt"):
             prompt = self.vla.prompt_embeds(obs.instruction, visual, state=obs.ee_pos,
-                                            prev_gripper=self.last_gripper_command)[0]
+                                            prev_gripper=self.last_gripper_command,
+                                            gripper_dwell=self.gripper.dwell)[0]
         target = TargetSession(self.vla.language_model, self.head)
         drafter = None
         if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:

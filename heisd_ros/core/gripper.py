@@ -23,15 +23,20 @@ class GripperDebounce:
     def reset(self) -> None:
         self.state = self.initial  # LIBERO and the demos start with the gripper open
         self.votes = 0
+        self.dwell = 0
+        """Steps for which `state` has been executed without a change (0 before the first step):
+        a prompt input for models with `proprio_gripper_dwell`."""
 
     def __call__(self, value: float) -> tuple[float, bool]:
         """(executed command +1 close / -1 open, whether the policy's own command was held back)."""
         wanted = gripper_command(value)
-        if self.hold_steps == 0 or wanted == self.state:
-            self.state, self.votes = wanted, 0
-            return wanted, False
-        self.votes += 1
-        if self.votes >= self.hold_steps:
-            self.state, self.votes = wanted, 0
-            return wanted, False
-        return self.state, True
+        held = self.hold_steps > 0 and wanted != self.state and self.votes + 1 < self.hold_steps
+        if held:
+            self.votes += 1
+            executed = self.state
+        else:
+            self.votes = 0
+            executed = wanted
+        self.dwell = self.dwell + 1 if executed == self.state else 1
+        self.state = executed
+        return executed, held

@@ -106,6 +106,17 @@ def previous_gripper(actions: np.ndarray) -> np.ndarray:
     return prev
 
 
+def gripper_dwell(actions: np.ndarray) -> np.ndarray:
+    """Raw actions [T, 7] -> for how many steps before each step the previous gripper command had
+    been executed without a change [T] (0 at the first step), exactly as `GripperDebounce.dwell`
+    counts the node's own commands."""
+    dwell = np.zeros(len(actions), dtype=np.int64)
+    commands = [gripper_command(a) for a in np.asarray(actions)[:, GRIPPER_INDEX]]
+    for t in range(1, len(commands)):
+        dwell[t] = dwell[t - 1] + 1 if t > 1 and commands[t - 1] == commands[t - 2] else 1
+    return dwell
+
+
 def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
     """Raw actions [T, 7] -> OpenVLA action tokens [T, 7] (q01/q99 normalisation, 256 bins)."""
     return vla.action_tokenizer.encode(stats.normalise(actions))
@@ -128,18 +139,18 @@ def episode_examples(
     if cache is None:
         episode = load_episode(ref, with_images=True)
         tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
-        prev = previous_gripper(episode.actions)
+        prev, dwell = previous_gripper(episode.actions), gripper_dwell(episode.actions)
         views = [episode.images[VIEWS[v]] for v in range(vla.prompt_views)]
-        return [Example([v[t] for v in views], episode.instruction, tokens[t], None, episode.ee_pos[t], float(prev[t]))
-                for t in range(len(tokens))]
+        return [Example([v[t] for v in views], episode.instruction, tokens[t], None, episode.ee_pos[t], float(prev[t]),
+                        int(dwell[t])) for t in range(len(tokens))]
     cached = ref.kind == "hdf5" and cache.is_complete(ref)
     episode = load_episode(ref, with_images=not cached)
     feats = cache.get(ref, None if cached else episode)
     tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
     if len(feats) != len(tokens):
         raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
-    prev = previous_gripper(episode.actions)
-    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], float(prev[t]))
+    prev, dwell = previous_gripper(episode.actions), gripper_dwell(episode.actions)
+    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], float(prev[t]), int(dwell[t]))
             for t in range(len(tokens))]
 
 
@@ -204,7 +215,7 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
     from heisd_ros.store.schema import DemoPoint
 
     tokens = episode_tokens(vla, stats, episode.actions)
-    prev = previous_gripper(episode.actions)
+    prev, dwell = previous_gripper(episode.actions), gripper_dwell(episode.actions)
     queries, examples = [], []
     with torch.inference_mode():
         for t in range(episode.length):
@@ -212,7 +223,7 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
             query, patches = embed_views(vla, views, query_views=query_views)
             queries.append(query)
             examples.append(Example([], episode.instruction, tokens[t], prompt_patches(vla, patches),
-                                    episode.ee_pos[t], float(prev[t])))
+                                    episode.ee_pos[t], float(prev[t]), int(dwell[t])))
     feats = action_features(vla, examples, batch_size)
     points = []
     for t in range(episode.length):

@@ -33,6 +33,9 @@ class Example:
     prev_gripper: float | None = None
     """The previous step's gripper command, -1 at an episode's start (read only by a model with
     `proprio_prev_gripper`)."""
+    gripper_dwell: int | None = None
+    """For how many steps before this one `prev_gripper` has been executed without a change (0 at an
+    episode's start; read only by a model with `proprio_gripper_dwell`)."""
 
 
 def _batches(examples: Sequence[Example], batch_size: int, steps: int, seed: int):
@@ -62,7 +65,8 @@ def prompt_patches(vla, batch: Sequence[Example]) -> torch.Tensor:
 def prompt_batch(vla, batch: Sequence[Example]) -> torch.Tensor:
     """Prompt embeddings of a batch with one instruction [B, P, D]."""
     visual = vla.projector(prompt_patches(vla, batch))  # [B, V*N, D]
-    return torch.stack([vla.prompt_embeds(ex.instruction, visual[i], state=ex.state, prev_gripper=ex.prev_gripper)[0]
+    return torch.stack([vla.prompt_embeds(ex.instruction, visual[i], state=ex.state, prev_gripper=ex.prev_gripper,
+                                           gripper_dwell=ex.gripper_dwell)[0]
                         for i, ex in enumerate(batch)])
 
 

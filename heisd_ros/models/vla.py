@@ -57,6 +57,12 @@ class VLAConfig:
     """The state token also reads the previous step's gripper command (+1 close, -1 open; -1 at an
     episode's start). Descending to an object and lifting it pass through the same poses and
     nearly the same images; only the gripper state tells them apart (NOTES 18)."""
+    proprio_gripper_dwell: int = 0
+    """> 0: the state token also reads for how many steps the previous gripper command has been
+    executed without a change, as min(steps, this cap) / cap. The expert holds still for a fixed
+    number of steps after closing (and after opening) before it moves on; in one frame the first
+    and the last of those steps look alike, so a policy without the count sits on "hold" forever
+    (NOTES 31, 33). The node counts its own executed commands, so no extra topic is needed."""
 
     def __post_init__(self) -> None:
         if self.prompt_views < 1:
@@ -66,6 +72,8 @@ class VLAConfig:
             raise ModelLoadError("proprio_dim needs proprio_mean and proprio_std of that length")
         if self.proprio_prev_gripper and not self.proprio_dim:
             raise ModelLoadError("proprio_prev_gripper needs proprio_dim > 0 (it rides on the state token)")
+        if self.proprio_gripper_dwell < 0 or (self.proprio_gripper_dwell and not self.proprio_prev_gripper):
+            raise ModelLoadError("proprio_gripper_dwell must be >= 0 and needs proprio_prev_gripper")
         if any(s <= 0 for s in self.proprio_std):
             raise ModelLoadError("proprio_std must be > 0")
         if self.vision not in VISION_BACKBONES:
@@ -115,7 +123,7 @@ class VLAModel(nn.Module):
             nn.Linear(self.vision_backbone.out_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden)
         )
         self.language_model = LlamaForCausalLM(llm_cfg)
-        state_in = cfg.proprio_dim + int(cfg.proprio_prev_gripper)
+        state_in = cfg.proprio_dim + int(cfg.proprio_prev_gripper) + int(cfg.proprio_gripper_dwell > 0)
         self.state_projector = nn.Linear(state_in, hidden) if cfg.proprio_dim else None
         self._state_mean = np.asarray(cfg.proprio_mean, dtype=np.float64)
         self._state_std = np.asarray(cfg.proprio_std, dtype=np.float64)
@@ -181,9 +189,10 @@ class VLAModel(nn.Module):
     def prompt_views(self) -> int:
         return self.cfg.prompt_views
 
-    def state_token(self, state, prev_gripper: float | None = None) -> torch.Tensor:
-        """End-effector position [3] (+ previous gripper command) -> one prompt token [1, D]
-        (normalised in float64 first, so a bf16 model still sees millimetres)."""
+    def state_token(self, state, prev_gripper: float | None = None, gripper_dwell: int | None = None) -> torch.Tensor:
+        """End-effector position [3] (+ previous gripper command, + for how many steps it has been
+        executed) -> one prompt token [1, D] (normalised in float64 first, so a bf16 model still
+        sees millimetres)."""
         x = np.asarray(state, dtype=np.float64).reshape(-1)
         if x.shape != (self.cfg.proprio_dim,) or not np.all(np.isfinite(x)):
             raise InvalidObservationError(f"state must be {self.cfg.proprio_dim} finite numbers, got {state!r}")
@@ -192,20 +201,26 @@ class VLAModel(nn.Module):
             if prev_gripper is None or not np.isfinite(prev_gripper):
                 raise InvalidObservationError("this model reads the previous gripper command, but none was given")
             x = np.append(x, gripper_command(prev_gripper))
+        cap = self.cfg.proprio_gripper_dwell
+        if cap:
+            if gripper_dwell is None or int(gripper_dwell) < 0:
+                raise InvalidObservationError("this model reads the gripper dwell count (steps >= 0), "
+                                              f"got {gripper_dwell!r}")
+            x = np.append(x, min(int(gripper_dwell), cap) / cap)
         return self.state_projector(torch.as_tensor(x, dtype=self.dtype, device=self.device))[None]
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      prev_gripper: float | None = None) -> torch.Tensor:
+                      prev_gripper: float | None = None, gripper_dwell: int | None = None) -> torch.Tensor:
         """[BOS] + visual [V*N, D] (+ state token) + prompt text -> inputs_embeds [1, P, D]
         (OpenVLA order; `state` is read only by a model with `proprio_dim` > 0, `prev_gripper`
-        only by one with `proprio_prev_gripper`)."""
+        only by one with `proprio_prev_gripper`, `gripper_dwell` by one with `proprio_gripper_dwell`)."""
         ids = torch.tensor(self._prompt_ids(instruction), device=self.device)
         text = self.get_input_embeddings()(ids)
         parts = [text[:1], visual.to(text.dtype)]
         if self.state_projector is not None:
             if state is None:
                 raise InvalidObservationError("this model reads the end-effector position, but none was given")
-            parts.append(self.state_token(state, prev_gripper).to(text.dtype))
+            parts.append(self.state_token(state, prev_gripper, gripper_dwell).to(text.dtype))
         return torch.cat(parts + [text[1:]], dim=0)[None]
 
     # -- persistence (OpenVLA-like directory: config.json, model.safetensors, dataset_statistics.json)

@@ -59,3 +59,17 @@ def test_engine_executes_the_debounced_command_and_keeps_the_tokens(vla) -> None
 def test_hold_steps_are_validated() -> None:
     with pytest.raises(ConfigError):
         DecoderConfig(gripper_hold_steps=-1)
+
+
+def test_dwell_counts_steps_of_the_executed_command() -> None:
+    """The dwell follows what was executed: a change held back by the debounce does not reset it."""
+    d = GripperDebounce(2)
+    assert d.dwell == 0
+    dwells = []
+    for v in [-1, -1, 1, 1, 1, -1, 1]:
+        d(float(v))
+        dwells.append(d.dwell)
+    # executed: -1 -1 -1(held) 1 1 1(held back -1) 1
+    assert dwells == [1, 2, 3, 1, 2, 3, 4]
+    d.reset()
+    assert d.dwell == 0 and d.state == -1.0

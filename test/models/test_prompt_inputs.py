@@ -198,3 +198,90 @@ def test_drafter_decoding_with_prev_gripper_is_lossless(gripper_model, seed):
     for step in range(3):  # later steps read the fed-back gripper command
         obs = random_observation(seed * 10 + step)
         assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens
+
+
+# -- how long the previous gripper command has been executed (proprio_gripper_dwell) -------------
+@pytest.fixture(scope="module")
+def dwell_model():
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(_cfg(prompt_views=1), proprio_prev_gripper=True, proprio_gripper_dwell=4)
+    return tiny_vla(seed=3, cfg=cfg)
+
+
+def test_demo_dwell_counts_what_the_node_counts():
+    """Training labels the dwell exactly as the engine's debounce counts its executed commands."""
+    from heisd_ros.core.gripper import GripperDebounce
+    from heisd_ros.models.demo_pipeline import gripper_dwell
+
+    actions = np.zeros((9, 7))
+    actions[:, 6] = [-1.0, -1.0, 1.0, 0.8, 1.0, 1.0, -1.0, -0.5, 1.0]
+    dwell = gripper_dwell(actions)
+    np.testing.assert_array_equal(dwell, [0, 1, 2, 1, 2, 3, 4, 1, 2])
+    debounce = GripperDebounce(0)
+    node = []
+    for a in actions[:, 6]:
+        node.append(debounce.dwell)  # what the next prompt would read is taken before the step
+        debounce(float(a))
+    assert node == list(dwell)
+
+
+def test_dwell_saturates_at_its_cap_and_is_required(dwell_model):
+    m = dwell_model
+    visual = torch.zeros(16, m.hidden_size)
+    kw = dict(state=[0.1, 0.0, 0.3], prev_gripper=1.0)
+    with torch.inference_mode():
+        rows = [m.prompt_embeds(INSTRUCTION, visual, gripper_dwell=n, **kw)[0, 1 + 16] for n in (1, 3, 4, 40)]
+    assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[1], rows[2])
+    assert torch.equal(rows[2], rows[3])  # the expert's holds are shorter than the cap: beyond it, "long"
+    with pytest.raises(InvalidObservationError, match="dwell"):
+        m.prompt_embeds(INSTRUCTION, visual, **kw)
+    with pytest.raises(InvalidObservationError, match="dwell"):
+        m.prompt_embeds(INSTRUCTION, visual, gripper_dwell=-1, **kw)
+    with pytest.raises(ModelLoadError, match="proprio_gripper_dwell"):
+        dataclasses.replace(_cfg(prompt_views=1), proprio_gripper_dwell=4)  # needs the command it counts
+
+
+def test_engine_feeds_back_how_long_it_has_held_the_gripper(dwell_model, tmp_path):
+    ar = HybridDecoder(dwell_model, DecoderConfig(method="ar", views=("agentview",)))
+    seen = []
+    real = dwell_model.prompt_embeds
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["prev_gripper"], kwargs["gripper_dwell"]))
+        return real(*args, **kwargs)
+
+    dwell_model.prompt_embeds = spy
+    executed = []
+    try:
+        for step in range(4):
+            executed.append(ar.step(random_observation(step))[0][6])
+        ar.reset()
+        ar.step(random_observation(9))
+    finally:
+        del dwell_model.prompt_embeds
+    expected, run = [(-1.0, 0)], 0
+    for i, g in enumerate(executed[:-1]):
+        run = run + 1 if i > 0 and g == executed[i - 1] else 1
+        expected.append((g, run))
+    assert seen == expected + [(-1.0, 0)]
+    dwell_model.save_pretrained(tmp_path / "d")
+    assert load_vla(tmp_path / "d").cfg.proprio_gripper_dwell == 4
+
+
+def test_train_vla_refuses_a_dwell_without_the_command():
+    from heisd_ros.tools.train_vla import TrainVLAConfig
+
+    with pytest.raises(ConfigError, match="gripper-dwell"):
+        TrainVLAConfig(proprio=True, gripper_dwell=16)
+    assert TrainVLAConfig(proprio=True, prev_gripper=True, gripper_dwell=16).gripper_dwell == 16
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_drafter_decoding_with_gripper_dwell_is_lossless(dwell_model, seed):
+    torch.manual_seed(0)
+    drafter = EagleDrafter(dwell_model.language_model.config).eval()
+    ar = HybridDecoder(dwell_model, DecoderConfig(method="ar", views=("agentview",)))
+    dec = HybridDecoder(dwell_model, DecoderConfig(method="drafter", views=("agentview",)), drafter=drafter)
+    for step in range(4):  # later steps read the fed-back dwell
+        obs = random_observation(seed * 10 + step)
+        assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens
