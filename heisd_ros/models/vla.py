@@ -62,7 +62,10 @@ class VLAConfig:
     executed without a change, as min(steps, this cap) / cap. The expert holds still for a fixed
     number of steps after closing (and after opening) before it moves on; in one frame the first
     and the last of those steps look alike, so a policy without the count sits on "hold" forever
-    (NOTES 31, 33). The node counts its own executed commands, so no extra topic is needed."""
+    (NOTES 31, 33). The node counts its own executed commands, so no extra topic is needed.
+    The count carries no sign: with the command itself in the prompt (`proprio_prev_gripper`) the
+    policy copies it and never closes (NOTES 33), while the count alone says nothing about which
+    command comes next."""
 
     def __post_init__(self) -> None:
         if self.prompt_views < 1:
@@ -72,8 +75,8 @@ class VLAConfig:
             raise ModelLoadError("proprio_dim needs proprio_mean and proprio_std of that length")
         if self.proprio_prev_gripper and not self.proprio_dim:
             raise ModelLoadError("proprio_prev_gripper needs proprio_dim > 0 (it rides on the state token)")
-        if self.proprio_gripper_dwell < 0 or (self.proprio_gripper_dwell and not self.proprio_prev_gripper):
-            raise ModelLoadError("proprio_gripper_dwell must be >= 0 and needs proprio_prev_gripper")
+        if self.proprio_gripper_dwell < 0 or (self.proprio_gripper_dwell and not self.proprio_dim):
+            raise ModelLoadError("proprio_gripper_dwell must be >= 0 and needs proprio_dim > 0 (it rides on the state token)")
         if any(s <= 0 for s in self.proprio_std):
             raise ModelLoadError("proprio_std must be > 0")
         if self.vision not in VISION_BACKBONES:

@@ -4,7 +4,7 @@ Usage:
     heisd train-vla --demos artifacts/demos/libero_object --out artifacts/mini_vla \
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
-        [--prompt-views 1|2] [--proprio [--prev-gripper [--gripper-dwell CAP]]] [--multiscale]
+        [--prompt-views 1|2] [--proprio [--prev-gripper] [--gripper-dwell CAP]] [--multiscale]
         [--backbone-blocks N [--backbone-lr-scale 0.1] [--shift-px 8]]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
@@ -81,8 +81,8 @@ class TrainVLAConfig:
     prev_gripper: bool = False
     """The state token also reads the previous step's gripper command (needs `proprio`)."""
     gripper_dwell: int = 0
-    """> 0: the state token also reads for how many steps (capped here) that command has been
-    executed (needs `prev_gripper`; `VLAConfig.proprio_gripper_dwell`)."""
+    """> 0: the state token also reads for how many steps (capped here) the previous gripper command
+    has been executed (needs `proprio`; `VLAConfig.proprio_gripper_dwell`)."""
     multiscale: bool = False
     """Multi-scale patch tokens (vision 'efficientnet_lite0_ms'): finer positions, same prompt length."""
     backbone_blocks: int = 0
@@ -122,8 +122,8 @@ class TrainVLAConfig:
             raise ConfigError("lr must be > 0")
         if self.prev_gripper and not self.proprio:
             raise ConfigError("--prev-gripper needs --proprio (it rides on the state token)")
-        if self.gripper_dwell < 0 or (self.gripper_dwell and not self.prev_gripper):
-            raise ConfigError("--gripper-dwell must be >= 0 and needs --prev-gripper")
+        if self.gripper_dwell < 0 or (self.gripper_dwell and not self.proprio):
+            raise ConfigError("--gripper-dwell must be >= 0 and needs --proprio (it rides on the state token)")
         if not 0 <= self.backbone_blocks <= 16:
             raise ConfigError("backbone_blocks must be in 0..16 (EfficientNet-Lite0 has 16 blocks)")
         if self.backbone_lr_scale <= 0:
@@ -350,8 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prev-gripper", action="store_true",
                    help="with --proprio: the state token also reads the previous gripper command")
     p.add_argument("--gripper-dwell", type=int, default=d.gripper_dwell, metavar="CAP",
-                   help="with --prev-gripper: the state token also reads for how many steps (up to CAP) "
-                        "that command has been executed, so timed holds end")
+                   help="with --proprio: the state token also reads for how many steps (up to CAP) the "
+                        "previous gripper command has been executed, so timed holds end")
     p.add_argument("--multiscale", action="store_true",
                    help="stack stride-16 and stride-8 features into each patch token (same prompt length)")
     p.add_argument("--backbone-blocks", type=int, default=d.backbone_blocks,

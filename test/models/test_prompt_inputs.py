@@ -204,7 +204,7 @@ def test_drafter_decoding_with_prev_gripper_is_lossless(gripper_model, seed):
 @pytest.fixture(scope="module")
 def dwell_model():
     torch.set_num_threads(1)
-    cfg = dataclasses.replace(_cfg(prompt_views=1), proprio_prev_gripper=True, proprio_gripper_dwell=4)
+    cfg = dataclasses.replace(_cfg(prompt_views=1), proprio_gripper_dwell=4)  # the count without the sign
     return tiny_vla(seed=3, cfg=cfg)
 
 
@@ -228,7 +228,7 @@ def test_demo_dwell_counts_what_the_node_counts():
 def test_dwell_saturates_at_its_cap_and_is_required(dwell_model):
     m = dwell_model
     visual = torch.zeros(16, m.hidden_size)
-    kw = dict(state=[0.1, 0.0, 0.3], prev_gripper=1.0)
+    kw = dict(state=[0.1, 0.0, 0.3])
     with torch.inference_mode():
         rows = [m.prompt_embeds(INSTRUCTION, visual, gripper_dwell=n, **kw)[0, 1 + 16] for n in (1, 3, 4, 40)]
     assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[1], rows[2])
@@ -238,7 +238,7 @@ def test_dwell_saturates_at_its_cap_and_is_required(dwell_model):
     with pytest.raises(InvalidObservationError, match="dwell"):
         m.prompt_embeds(INSTRUCTION, visual, gripper_dwell=-1, **kw)
     with pytest.raises(ModelLoadError, match="proprio_gripper_dwell"):
-        dataclasses.replace(_cfg(prompt_views=1), proprio_gripper_dwell=4)  # needs the command it counts
+        dataclasses.replace(_cfg(prompt_views=1, proprio=False), proprio_gripper_dwell=4)  # rides on the state token
 
 
 def test_engine_feeds_back_how_long_it_has_held_the_gripper(dwell_model, tmp_path):
@@ -268,12 +268,12 @@ def test_engine_feeds_back_how_long_it_has_held_the_gripper(dwell_model, tmp_pat
     assert load_vla(tmp_path / "d").cfg.proprio_gripper_dwell == 4
 
 
-def test_train_vla_refuses_a_dwell_without_the_command():
+def test_train_vla_refuses_a_dwell_without_the_state_token():
     from heisd_ros.tools.train_vla import TrainVLAConfig
 
     with pytest.raises(ConfigError, match="gripper-dwell"):
-        TrainVLAConfig(proprio=True, gripper_dwell=16)
-    assert TrainVLAConfig(proprio=True, prev_gripper=True, gripper_dwell=16).gripper_dwell == 16
+        TrainVLAConfig(gripper_dwell=16)
+    assert TrainVLAConfig(proprio=True, gripper_dwell=16).gripper_dwell == 16
 
 
 @pytest.mark.parametrize("seed", range(2))
