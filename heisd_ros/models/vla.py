@@ -76,7 +76,8 @@ class VLAConfig:
         if self.proprio_prev_gripper and not self.proprio_dim:
             raise ModelLoadError("proprio_prev_gripper needs proprio_dim > 0 (it rides on the state token)")
         if self.proprio_gripper_dwell < 0 or (self.proprio_gripper_dwell and not self.proprio_dim):
-            raise ModelLoadError("proprio_gripper_dwell must be >= 0 and needs proprio_dim > 0 (it rides on the state token)")
+            raise ModelLoadError("proprio_gripper_dwell must be >= 0 and needs proprio_dim > 0 "
+                                 "(it rides on the state token)")
         if any(s <= 0 for s in self.proprio_std):
             raise ModelLoadError("proprio_std must be > 0")
         if self.vision not in VISION_BACKBONES:

@@ -20,7 +20,8 @@ def _load():
 
 
 def _episode(gripper: list[int], z: list[float], success: bool = False) -> dict:
-    steps = [{"t": t, "tokens": [VOCAB - 128] * 6 + [g], "ee": [0.0, 0.0, h]} for t, (g, h) in enumerate(zip(gripper, z))]
+    steps = [{"t": t, "tokens": [VOCAB - 128] * 6 + [g], "ee": [0.0, 0.0, h]}
+             for t, (g, h) in enumerate(zip(gripper, z))]
     return {"kind": "episode", "method": "ar", "task": 0, "init_state": 40, "success": success, "steps": steps}
 
 
