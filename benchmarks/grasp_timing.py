@@ -13,17 +13,25 @@ within the window (a grasp dropped and re-closed).
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
 
+from heisd_ros.core.action_tokenizer import ActionTokenizer
+
 GRIPPER = 6
 
 
 def is_close(token: int, vocab_size: int) -> bool:
-    """OpenVLA token ids count bins downwards (token = vocab_size - bin); bins above the middle close."""
-    return vocab_size - token > 128
+    """Whether a gripper token asks to close (its bin is above the middle of the 256)."""
+    return int(_tokenizer(vocab_size).to_bins(token)) > 128
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(vocab_size: int) -> ActionTokenizer:
+    return ActionTokenizer(vocab_size)
 
 
 def episode_timing(steps: list[dict], vocab_size: int, rise_m: float, window: int) -> dict | None:

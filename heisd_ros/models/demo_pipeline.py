@@ -29,6 +29,7 @@ import torch
 
 from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.engine import embed_views, prompt_patches
+from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, gripper_command
 from heisd_ros.models import relabel
 from heisd_ros.models.libero_data import VIEWS, DemoEpisode, EpisodeRef, load_episode
@@ -108,12 +109,13 @@ def previous_gripper(actions: np.ndarray) -> np.ndarray:
 
 def gripper_dwell(actions: np.ndarray) -> np.ndarray:
     """Raw actions [T, 7] -> for how many steps before each step the previous gripper command had
-    been executed without a change [T] (0 at the first step), exactly as `GripperDebounce.dwell`
-    counts the node's own commands."""
-    dwell = np.zeros(len(actions), dtype=np.int64)
-    commands = [gripper_command(a) for a in np.asarray(actions)[:, GRIPPER_INDEX]]
-    for t in range(1, len(commands)):
-        dwell[t] = dwell[t - 1] + 1 if t > 1 and commands[t - 1] == commands[t - 2] else 1
+    been executed without a change [T] (0 at the first step): `GripperDebounce.dwell`, the count the
+    node feeds back, replayed over the demo's commands."""
+    debounce = GripperDebounce(0)  # the node's own counter, replayed over the demo's commands
+    dwell = np.empty(len(actions), dtype=np.int64)
+    for t, command in enumerate(np.asarray(actions)[:, GRIPPER_INDEX]):
+        dwell[t] = debounce.dwell
+        debounce(float(command))
     return dwell
 
 

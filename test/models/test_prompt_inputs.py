@@ -189,17 +189,6 @@ def test_engine_feeds_back_its_own_gripper_command(gripper_model, tmp_path):
     assert load_vla(tmp_path / "g").cfg.proprio_prev_gripper
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_drafter_decoding_with_prev_gripper_is_lossless(gripper_model, seed):
-    torch.manual_seed(0)
-    drafter = EagleDrafter(gripper_model.language_model.config).eval()
-    ar = HybridDecoder(gripper_model, DecoderConfig(method="ar", views=("agentview",)))
-    dec = HybridDecoder(gripper_model, DecoderConfig(method="drafter", views=("agentview",)), drafter=drafter)
-    for step in range(3):  # later steps read the fed-back gripper command
-        obs = random_observation(seed * 10 + step)
-        assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens
-
-
 # -- how long the previous gripper command has been executed (proprio_gripper_dwell) -------------
 @pytest.fixture(scope="module")
 def dwell_model():
@@ -276,12 +265,14 @@ def test_train_vla_refuses_a_dwell_without_the_state_token():
     assert TrainVLAConfig(proprio=True, gripper_dwell=16).gripper_dwell == 16
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_drafter_decoding_with_gripper_dwell_is_lossless(dwell_model, seed):
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fixture", ["gripper_model", "dwell_model"])
+def test_drafter_decoding_with_fed_back_gripper_inputs_is_lossless(fixture, seed, request):
+    model = request.getfixturevalue(fixture)
     torch.manual_seed(0)
-    drafter = EagleDrafter(dwell_model.language_model.config).eval()
-    ar = HybridDecoder(dwell_model, DecoderConfig(method="ar", views=("agentview",)))
-    dec = HybridDecoder(dwell_model, DecoderConfig(method="drafter", views=("agentview",)), drafter=drafter)
-    for step in range(4):  # later steps read the fed-back dwell
+    drafter = EagleDrafter(model.language_model.config).eval()
+    ar = HybridDecoder(model, DecoderConfig(method="ar", views=("agentview",)))
+    dec = HybridDecoder(model, DecoderConfig(method="drafter", views=("agentview",)), drafter=drafter)
+    for step in range(4):  # later steps read the fed-back gripper command / dwell
         obs = random_observation(seed * 10 + step)
         assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens
