@@ -91,6 +91,16 @@ class ExpertConfig:
     """Noise on the three rotation actions instead (None: `noise_std`). Translation-only noise
     (0.0) widens the visited positions without teaching rotation corrections, which the
     deadbands otherwise keep at exactly 0."""
+    noise_corr: float = 0.0
+    """Step-to-step correlation of that noise (AR(1) with the same stationary std; 0: independent).
+    Independent noise is undone by the next step's correction, so the hand never leaves the clean
+    path by more than a few millimetres; at 0.9 a push lasts ~10 steps and carries the hand
+    centimetres off it, so the recorded (clean) labels show corrections from where a policy that
+    drifted would be (DART)."""
+    contact_noise_std: float | None = None
+    """Translation noise while descending to grasp and lowering to place (None: `noise_std`).
+    Pushes near the table knock the object away (the episode then records a chase across the
+    table instead of a grasp), so wide correlated noise wants a small value here."""
     waypoint_jitter_m: float = 0.0
     """Uniform jitter of the grasp point's xy and of the carry height (diversity)."""
     resync: bool = False
@@ -120,6 +130,10 @@ class ExpertConfig:
             raise ConfigError("step counts must be >= 1")
         if self.noise_std < 0 or (self.rot_noise_std or 0) < 0 or self.waypoint_jitter_m < 0 or self.max_regrasps < 0:
             raise ConfigError("noise_std, rot_noise_std, waypoint_jitter_m and max_regrasps must be >= 0")
+        if self.contact_noise_std is not None and self.contact_noise_std < 0:
+            raise ConfigError("contact_noise_std must be >= 0")
+        if not 0 <= self.noise_corr < 1:
+            raise ConfigError("noise_corr must be in [0, 1)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +238,7 @@ class WaypointExpert:
         self.goal: Goal | None = None
         self.phase = Phase.APPROACH
         self._rng = np.random.default_rng(0)
+        self._noise = np.zeros(6)
 
     def reset(self, goal: Goal, seed: int = 0) -> None:
         self.goal = goal
@@ -231,6 +246,7 @@ class WaypointExpert:
         jitter = self.config.waypoint_jitter_m
         self._jitter_xy = self._rng.uniform(-jitter, jitter, size=2)
         self._jitter_z = float(self._rng.uniform(0.0, jitter))
+        self._noise = np.zeros(6)
         self._regrasps = 0
         self._plan: GraspPlan | None = None
         self._r_des: np.ndarray | None = None
@@ -311,7 +327,15 @@ class WaypointExpert:
         rot = cfg.noise_std if cfg.rot_noise_std is None else cfg.rot_noise_std
         if (cfg.noise_std > 0 or rot > 0) and self.phase not in (Phase.CLOSE, Phase.RELEASE):
             std = np.array([cfg.noise_std] * 3 + [rot] * 3)
-            noisy[:6] = np.clip(noisy[:6] + self._rng.normal(0.0, 1.0, size=6) * std, -1.0, 1.0)
+            fresh = self._rng.normal(0.0, 1.0, size=6) * std
+            rho = cfg.noise_corr
+            self._noise = rho * self._noise + math.sqrt(1.0 - rho * rho) * fresh if rho else fresh
+            noise = self._noise
+            if cfg.contact_noise_std is not None and self.phase in (Phase.DESCEND, Phase.LOWER):
+                # the same process, scaled down: the hand stays near the clean path by the object
+                scale = cfg.contact_noise_std / cfg.noise_std if cfg.noise_std > 0 else 0.0
+                noise = np.concatenate([noise[:3] * scale, noise[3:]])
+            noisy[:6] = np.clip(noisy[:6] + noise, -1.0, 1.0)
         return noisy
 
     def _grasp_point(self, obj: ObjectPose) -> np.ndarray:

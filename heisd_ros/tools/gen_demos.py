@@ -3,7 +3,8 @@
 Usage:
     heisd gen-demos --suite libero_object --tasks 0-9 --init-states 0-39 --out artifacts/demos \
         [--camera-size 128] [--seed 0] [--max-steps 300] [--perturbations 0] [--no-bags]
-        [--noise-std 0.03] [--rot-noise-std S] [--jitter-m 0.003]
+        [--noise-std 0.03] [--rot-noise-std S] [--noise-corr 0]
+        [--contact-noise-std S] [--jitter-m 0.003]
 
 Runs the waypoint expert on every (task, init state, variant), keeps the successful episodes and
 writes, per suite under OUT/SUITE/:
@@ -59,6 +60,10 @@ class GenDemosConfig:
     """Executed-action noise of the expert (recorded actions stay clean)."""
     rot_noise_std: float | None = None
     """Executed noise on the rotation actions (None: noise_std)."""
+    noise_corr: float = 0.0
+    """Step-to-step correlation of the executed noise (`ExpertConfig.noise_corr`)."""
+    contact_noise_std: float | None = None
+    """Translation noise while descending and lowering (`ExpertConfig.contact_noise_std`)."""
     waypoint_jitter_m: float = 0.003
     bags: bool = True
 
@@ -159,6 +164,7 @@ def run(config: GenDemosConfig, stop: "StopBetweenEpisodes | None" = None) -> di
     variants = range(config.perturbations + 1)
     jobs = [(t, k, v) for t in config.tasks for k in config.init_states for v in variants]
     expert = WaypointExpert(ExpertConfig(noise_std=config.noise_std, rot_noise_std=config.rot_noise_std,
+                                         noise_corr=config.noise_corr, contact_noise_std=config.contact_noise_std,
                                          waypoint_jitter_m=config.waypoint_jitter_m))
     bar = tqdm(total=len(jobs), desc=f"gen-demos {config.suite}", unit="ep")
     for task in config.tasks:
@@ -251,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-std", type=float, default=d.noise_std, help="executed-action noise of the expert")
     p.add_argument("--rot-noise-std", type=float, default=d.rot_noise_std,
                    help="executed noise on the rotation actions (default: --noise-std)")
+    p.add_argument("--noise-corr", type=float, default=d.noise_corr,
+                   help="step-to-step correlation of the executed noise, in [0, 1) (0.9: pushes of ~10 steps)")
+    p.add_argument("--contact-noise-std", type=float, default=d.contact_noise_std,
+                   help="translation noise while descending to grasp and lowering to place (default: --noise-std)")
     p.add_argument("--jitter-m", type=float, default=d.waypoint_jitter_m, help="waypoint jitter of the expert, metres")
     p.add_argument("--no-bags", action="store_true", help="skip the rosbag2 (MCAP) export")
     return p
@@ -262,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         suite=args.suite, tasks=parse_range(args.tasks), init_states=parse_range(args.init_states),
         out_dir=args.out, camera_size_px=args.camera_size, seed=args.seed, max_steps=args.max_steps,
         perturbations=args.perturbations, perturb_xy_m=args.perturb_xy_m, noise_std=args.noise_std,
-        rot_noise_std=args.rot_noise_std,
+        rot_noise_std=args.rot_noise_std, noise_corr=args.noise_corr,
+        contact_noise_std=args.contact_noise_std,
         waypoint_jitter_m=args.jitter_m, bags=not args.no_bags,
     )
     # MuJoCo picks its GL backend when first imported; headless CPU rendering needs EGL.

@@ -278,3 +278,39 @@ def test_plain_expert_unchanged_by_resync_when_it_drives_itself() -> None:
         return np.stack(out)
 
     np.testing.assert_array_equal(actions(True), actions(False))
+
+
+def _executed_noise(cfg: ExpertConfig, phase: Phase, steps: int = 4000) -> np.ndarray:
+    """The translation noise `explore` adds to a zero action in `phase` [steps, 3]."""
+    expert = WaypointExpert(cfg)
+    expert.reset(Goal("in", "cream_cheese_1", "basket_1_region"), seed=5)
+    expert.phase = phase
+    return np.stack([expert.explore(np.zeros(7))[:3] for _ in range(steps)])
+
+
+def test_correlated_noise_keeps_its_std_and_lasts() -> None:
+    """--noise-corr 0.9: the executed noise has the same spread as independent noise of that std,
+    but one step predicts the next (lag-1 autocorrelation ~0.9), so pushes last; 0 stays independent."""
+    def lag1(n: np.ndarray) -> float:
+        return float(np.mean([np.corrcoef(n[:-1, i], n[1:, i])[0, 1] for i in range(3)]))
+
+    iid = _executed_noise(ExpertConfig(noise_std=0.2), Phase.APPROACH)
+    ar1 = _executed_noise(ExpertConfig(noise_std=0.2, noise_corr=0.9), Phase.APPROACH)
+    assert abs(lag1(iid)) < 0.1
+    assert lag1(ar1) > 0.8
+    assert ar1.std() == pytest.approx(0.2, rel=0.25)
+    assert iid.std() == pytest.approx(0.2, rel=0.1)
+    with pytest.raises(ConfigError):
+        ExpertConfig(noise_corr=1.0)
+
+
+def test_contact_noise_scales_the_pushes_near_the_object() -> None:
+    """--contact-noise-std: descending to grasp (and lowering to place) gets the small std; free
+    motion keeps the wide one; unset, every moving phase gets noise_std as before."""
+    cfg = ExpertConfig(noise_std=0.4, noise_corr=0.9, contact_noise_std=0.04)
+    assert _executed_noise(cfg, Phase.DESCEND).std() < 0.06
+    assert _executed_noise(cfg, Phase.LOWER).std() < 0.06
+    assert _executed_noise(cfg, Phase.APPROACH).std() > 0.25
+    assert _executed_noise(ExpertConfig(noise_std=0.4, noise_corr=0.9), Phase.DESCEND).std() > 0.25
+    with pytest.raises(ConfigError):
+        ExpertConfig(contact_noise_std=-0.1)
