@@ -4,7 +4,7 @@ Usage:
     heisd train-vla --demos artifacts/demos/libero_object --out artifacts/mini_vla \
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
-        [--prompt-views 1|2] [--proprio [--prev-gripper] [--gripper-dwell CAP]] [--multiscale]
+        [--prompt-views 1|2] [--proprio [--prev-gripper] [--gripper-dwell CAP] [--proprio-fourier N]] [--multiscale]
         [--backbone-blocks N [--backbone-lr-scale 0.1] [--shift-px 8]]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
@@ -83,6 +83,9 @@ class TrainVLAConfig:
     gripper_dwell: int = 0
     """> 0: the state token also reads for how many steps (capped here) the previous gripper command
     has been executed (needs `proprio`; `VLAConfig.proprio_gripper_dwell`)."""
+    proprio_fourier: int = 0
+    """> 0: the state token also reads sin/cos of the position at this many octaves (needs `proprio`;
+    `VLAConfig.proprio_fourier`)."""
     multiscale: bool = False
     """Multi-scale patch tokens (vision 'efficientnet_lite0_ms'): finer positions, same prompt length."""
     backbone_blocks: int = 0
@@ -124,6 +127,8 @@ class TrainVLAConfig:
             raise ConfigError("--prev-gripper needs --proprio (it rides on the state token)")
         if self.gripper_dwell < 0 or (self.gripper_dwell and not self.proprio):
             raise ConfigError("--gripper-dwell must be >= 0 and needs --proprio (it rides on the state token)")
+        if self.proprio_fourier < 0 or (self.proprio_fourier and not self.proprio):
+            raise ConfigError("--proprio-fourier must be >= 0 and needs --proprio (it rides on the state token)")
         if not 0 <= self.backbone_blocks <= 16:
             raise ConfigError("backbone_blocks must be in 0..16 (EfficientNet-Lite0 has 16 blocks)")
         if self.backbone_lr_scale <= 0:
@@ -162,7 +167,8 @@ def mini_vla_config(cfg: TrainVLAConfig, ee_pos: np.ndarray | None = None):
             raise ConfigError("--proprio needs the training episodes' end-effector positions")
         proprio = dict(proprio_dim=3, proprio_mean=tuple(float(x) for x in ee_pos.mean(0)),
                        proprio_std=tuple(float(x) for x in np.maximum(ee_pos.std(0), 1e-3)),
-                       proprio_prev_gripper=cfg.prev_gripper, proprio_gripper_dwell=cfg.gripper_dwell)
+                       proprio_prev_gripper=cfg.prev_gripper, proprio_gripper_dwell=cfg.gripper_dwell,
+                       proprio_fourier=cfg.proprio_fourier)
     from heisd_ros.models.efficientnet import MULTISCALE_DIM, OUT_DIM
 
     vision, dim = ("efficientnet_lite0_ms", MULTISCALE_DIM) if cfg.multiscale else ("efficientnet_lite0", OUT_DIM)
@@ -352,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gripper-dwell", type=int, default=d.gripper_dwell, metavar="CAP",
                    help="with --proprio: the state token also reads for how many steps (up to CAP) the "
                         "previous gripper command has been executed, so timed holds end")
+    p.add_argument("--proprio-fourier", type=int, default=d.proprio_fourier, metavar="OCTAVES",
+                   help="with --proprio: the state token also reads sin/cos of the position at this many "
+                        "octaves, so millimetres move it")
     p.add_argument("--multiscale", action="store_true",
                    help="stack stride-16 and stride-8 features into each patch token (same prompt length)")
     p.add_argument("--backbone-blocks", type=int, default=d.backbone_blocks,

@@ -266,13 +266,46 @@ def test_train_vla_refuses_a_dwell_without_the_state_token():
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("fixture", ["gripper_model", "dwell_model"])
-def test_drafter_decoding_with_fed_back_gripper_inputs_is_lossless(fixture, seed, request):
+@pytest.mark.parametrize("fixture", ["gripper_model", "dwell_model", "fourier_model"])
+def test_drafter_decoding_with_state_token_inputs_is_lossless(fixture, seed, request):
     model = request.getfixturevalue(fixture)
     torch.manual_seed(0)
     drafter = EagleDrafter(model.language_model.config).eval()
     ar = HybridDecoder(model, DecoderConfig(method="ar", views=("agentview",)))
     dec = HybridDecoder(model, DecoderConfig(method="drafter", views=("agentview",)), drafter=drafter)
-    for step in range(4):  # later steps read the fed-back gripper command / dwell
+    for step in range(4):  # later steps read the fed-back gripper command / dwell; poses differ
         obs = random_observation(seed * 10 + step)
         assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens
+
+
+@pytest.fixture(scope="module")
+def fourier_model():
+    torch.set_num_threads(1)
+    return tiny_vla(seed=4, cfg=dataclasses.replace(_cfg(prompt_views=1), proprio_fourier=6))
+
+
+def test_fourier_octaves_make_millimetres_visible(model, fourier_model):
+    """A 5 mm step moves the linear state input by 0.025 of its unit (std 0.2 m); with 6 octaves
+    some input moves by more than 0.3, and the raw position is still there first."""
+    a, b = [0.10, 0.0, 0.3], [0.105, 0.0, 0.3]
+    linear = np.abs(model.state_features(a) - model.state_features(b)).max()
+    fa, fb = fourier_model.state_features(a), fourier_model.state_features(b)
+    assert fa.shape == (3 * (1 + 2 * 6),)
+    assert linear == pytest.approx(0.025)
+    assert np.abs(fa - fb).max() > 0.3
+    np.testing.assert_allclose(fa[:3], model.state_features(a))
+    assert fourier_model.state_projector.in_features == fa.shape[0]
+    with pytest.raises(ModelLoadError, match="proprio_fourier"):
+        dataclasses.replace(_cfg(proprio=False), proprio_fourier=4)
+
+
+def test_fourier_state_survives_save_load_and_train_config(fourier_model, tmp_path):
+    from heisd_ros.tools.train_vla import TrainVLAConfig
+
+    fourier_model.save_pretrained(tmp_path / "f")
+    back = load_vla(tmp_path / "f")
+    assert back.cfg.proprio_fourier == 6
+    with torch.inference_mode():
+        assert torch.equal(back.state_token([0.2, -0.1, 0.25]), fourier_model.state_token([0.2, -0.1, 0.25]))
+    with pytest.raises(ConfigError, match="proprio-fourier"):
+        TrainVLAConfig(proprio_fourier=6)
