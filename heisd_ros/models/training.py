@@ -62,22 +62,26 @@ def prompt_patches(vla, batch: Sequence[Example]) -> torch.Tensor:
     return patches.reshape(len(batch), -1, patches.shape[-1])
 
 
-def prompt_batch(vla, batch: Sequence[Example]) -> torch.Tensor:
-    """Prompt embeddings of a batch with one instruction [B, P, D]."""
+def prompt_batch(vla, batch: Sequence[Example], drop_image: np.ndarray | None = None) -> torch.Tensor:
+    """Prompt embeddings of a batch with one instruction [B, P, D]; rows where `drop_image` [B] is
+    True get zero visual tokens (training only: `image_dropout`)."""
     visual = vla.projector(prompt_patches(vla, batch))  # [B, V*N, D]
+    if drop_image is not None and drop_image.any():
+        keep = torch.as_tensor(~drop_image, device=visual.device, dtype=visual.dtype)
+        visual = visual * keep[:, None, None]
     return torch.stack([vla.prompt_embeds(ex.instruction, visual[i], state=ex.state, prev_gripper=ex.prev_gripper,
                                            gripper_dwell=ex.gripper_dwell)[0]
                         for i, ex in enumerate(batch)])
 
 
 def teacher_forced(
-    vla, batch: Sequence[Example], input_tokens: np.ndarray | None = None
+    vla, batch: Sequence[Example], input_tokens: np.ndarray | None = None, drop_image: np.ndarray | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Run prompt + action tokens causally. Returns (hidden [B, P+7, D], input embeds [B, P+7, D], P).
 
     `input_tokens` [B, 7] replaces the action tokens fed as inputs (the targets stay the examples'
-    own; see `swap_prefix_tokens`)."""
-    prompt = prompt_batch(vla, batch)
+    own; see `swap_prefix_tokens`); `drop_image` [B] blanks those rows' visual tokens."""
+    prompt = prompt_batch(vla, batch, drop_image)
     if input_tokens is None:
         input_tokens = np.stack([ex.tokens for ex in batch])
     tokens = torch.tensor(input_tokens, device=vla.device)
@@ -165,12 +169,14 @@ def swap_prefix_tokens(tokens: np.ndarray, p: float, rng: np.random.Generator) -
 def train_vla(
     vla, examples: Sequence[Example], steps: int, batch_size: int = 16, lr: float = 1e-3, seed: int = 0,
     progress: Callable[[int, float], None] | None = None, bf16_autocast: bool = False,
-    backbone_lr_scale: float = 0.1, shift_px: int = 0, prefix_swap: float = 0.0,
+    backbone_lr_scale: float = 0.1, shift_px: int = 0, prefix_swap: float = 0.0, image_dropout: float = 0.0,
 ) -> list[float]:
     """Cross-entropy on the 7 action tokens; returns the loss curve. Trainable vision-backbone
     parameters (if any) learn at `backbone_lr_scale` x `lr`, as pretrained weights usually need;
     `shift_px` > 0 shifts every training image randomly (`random_shift`; examples need images);
-    `prefix_swap` > 0 corrupts the teacher-forced action inputs (`swap_prefix_tokens`)."""
+    `prefix_swap` > 0 corrupts the teacher-forced action inputs (`swap_prefix_tokens`);
+    `image_dropout` > 0 blanks the visual tokens of that share of the examples, so the state token
+    alone has to predict their actions (NOTES 35: otherwise the policy ignores it)."""
     torch.manual_seed(seed)
     vla.train()
     backbone_ids = {id(p) for p in vla.vision_backbone.parameters()}
@@ -186,7 +192,8 @@ def train_vla(
         batch = _augmented(batch, shift_px, rng)
         clean = np.stack([ex.tokens for ex in batch])
         with _autocast(bf16_autocast, vla.device):
-            hidden, _, p = teacher_forced(vla, batch, swap_prefix_tokens(clean, prefix_swap, rng))
+            drop = rng.random(len(batch)) < image_dropout if image_dropout > 0 else None
+            hidden, _, p = teacher_forced(vla, batch, swap_prefix_tokens(clean, prefix_swap, rng), drop)
             logits = action_logits(vla, hidden[:, p - 1 : p - 1 + ACTION_DIM])
         target = torch.tensor(clean, device=logits.device) - first
         loss = nn.functional.cross_entropy(logits.reshape(-1, 256).float(), target.reshape(-1))

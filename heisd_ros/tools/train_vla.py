@@ -4,7 +4,7 @@ Usage:
     heisd train-vla --demos artifacts/demos/libero_object --out artifacts/mini_vla \
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
-        [--prompt-views 1|2] [--proprio [--prev-gripper] [--gripper-dwell CAP] [--proprio-fourier N]] [--multiscale]
+        [--prompt-views 1|2] [--proprio [--prev-gripper] [--gripper-dwell CAP] [--proprio-fourier N] [--image-dropout P]] [--multiscale]
         [--backbone-blocks N [--backbone-lr-scale 0.1] [--shift-px 8]]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
@@ -101,6 +101,9 @@ class TrainVLAConfig:
     """Probability that each teacher-forced action *input* token is swapped for another example's
     token of the same dimension (targets unchanged), so later tokens (the gripper above all) are read
     off the image rather than off the tokens before them (`training.swap_prefix_tokens`)."""
+    image_dropout: float = 0.0
+    """Share of training examples whose visual tokens are blanked (modality dropout; needs `proprio`):
+    the state token alone must then predict the action, so the policy learns to read it."""
     init_from: str = ""
     """Start from this saved VLA (its architecture, tokenizer and norm stats; the size options above are
     ignored) instead of from scratch: fine-tuning on aggregated data (`heisd dagger`)."""
@@ -133,6 +136,9 @@ class TrainVLAConfig:
             raise ConfigError("backbone_blocks must be in 0..16 (EfficientNet-Lite0 has 16 blocks)")
         if self.backbone_lr_scale <= 0:
             raise ConfigError("backbone_lr_scale must be > 0")
+        if not 0.0 <= self.image_dropout < 1.0 or (self.image_dropout and not self.proprio):
+            raise ConfigError("--image-dropout must be in [0, 1) and needs --proprio (without the image "
+                              "only the state token is left to act on)")
         if not 0.0 <= self.prefix_swap <= 1.0:
             raise ConfigError("prefix_swap must be in [0, 1]")
         if self.shift_px < 0 or (self.shift_px and not self.backbone_blocks):
@@ -247,7 +253,7 @@ def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float
     losses = train_vla(vla, train, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                        progress=progress, bf16_autocast=cfg.bf16_autocast,
                        backbone_lr_scale=cfg.backbone_lr_scale, shift_px=cfg.shift_px,
-                       prefix_swap=cfg.prefix_swap)
+                       prefix_swap=cfg.prefix_swap, image_dropout=cfg.image_dropout)
     bar.close()
     return losses, curve
 
@@ -373,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-swap", type=float, default=d.prefix_swap,
                    help="probability of swapping each teacher-forced action input token for another "
                         "example's (targets unchanged): the gripper token then reads the image")
+    p.add_argument("--image-dropout", type=float, default=d.image_dropout,
+                   help="with --proprio: share of training examples with blanked visual tokens, so the "
+                        "policy learns to act on its state token")
     p.add_argument("--init-from", default=d.init_from,
                    help="fine-tune this saved VLA (its architecture and norm stats) instead of training from scratch")
     p.add_argument("--no-progress", dest="progress", action="store_false")
