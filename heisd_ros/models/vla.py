@@ -139,6 +139,7 @@ class VLAModel(nn.Module):
         self.state_projector = nn.Linear(state_in, hidden) if cfg.proprio_dim else None
         self._state_mean = np.asarray(cfg.proprio_mean, dtype=np.float64)
         self._state_std = np.asarray(cfg.proprio_std, dtype=np.float64)
+        self._octaves = np.pi * 2.0 ** np.arange(cfg.proprio_fourier)  # per step on the hot path: fixed once
         self.action_tokenizer = ActionTokenizer(llm_cfg.vocab_size)
         self.norm_stats = norm_stats
         self.text_tokenizer = text_tokenizer
@@ -210,7 +211,7 @@ class VLAModel(nn.Module):
             raise InvalidObservationError(f"state must be {self.cfg.proprio_dim} finite numbers, got {state!r}")
         x = (x - self._state_mean) / self._state_std
         if self.cfg.proprio_fourier:
-            angles = np.pi * np.outer(2.0 ** np.arange(self.cfg.proprio_fourier), x).reshape(-1)
+            angles = np.outer(self._octaves, x).reshape(-1)
             x = np.concatenate([x, np.sin(angles), np.cos(angles)])
         if self.cfg.proprio_prev_gripper:
             if prev_gripper is None or not np.isfinite(prev_gripper):
