@@ -152,7 +152,8 @@ def episode_examples(
     if len(feats) != len(tokens):
         raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
     prev, dwell = previous_gripper(episode.actions), gripper_dwell(episode.actions)
-    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], float(prev[t]), int(dwell[t]))
+    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], float(prev[t]), int(dwell[t]),
+                    episode_patches=feats, step=t)
             for t in range(len(tokens))]
 
 

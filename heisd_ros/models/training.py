@@ -36,6 +36,30 @@ class Example:
     gripper_dwell: int | None = None
     """For how many steps before this one `prev_gripper` has been executed without a change (0 at an
     episode's start; read only by a model with `proprio_gripper_dwell`)."""
+    episode_patches: np.ndarray | None = None
+    """Cached prompt-view patches of every step of this example's episode [T, V*N, C] (a shared
+    array, not a copy) and this example's row in it: `image_jitter` draws the image from nearby steps."""
+    step: int = 0
+
+
+def jitter_images(batch: Sequence[Example], max_steps: int, rng: np.random.Generator) -> list[Example]:
+    """Each example's patches replaced by those of a step up to `max_steps` before or after it in the
+    same episode (clipped to the episode); labels, state and dwell stay the example's own.
+
+    Why (NOTES 38): in the demos the image pins down the end-effector position as well as the state
+    token does, so a policy learns to act on the image and ignores its position (probe gain ~0);
+    closed loop, a 4 x 4 grid of frozen features reads the position centimetres off. With the image
+    a few steps out of date, it still says which phase and object, but only the state token says
+    exactly where the hand is: the policy has to read it."""
+    if max_steps <= 0:
+        return list(batch)
+    out = []
+    for ex in batch:
+        if ex.episode_patches is None:
+            raise ValueError("image_jitter needs cached episode features (Example.episode_patches)")
+        t = int(np.clip(ex.step + rng.integers(-max_steps, max_steps + 1), 0, len(ex.episode_patches) - 1))
+        out.append(dataclasses.replace(ex, patches=ex.episode_patches[t]))
+    return out
 
 
 def _batches(examples: Sequence[Example], batch_size: int, steps: int, seed: int):
@@ -170,13 +194,16 @@ def train_vla(
     vla, examples: Sequence[Example], steps: int, batch_size: int = 16, lr: float = 1e-3, seed: int = 0,
     progress: Callable[[int, float], None] | None = None, bf16_autocast: bool = False,
     backbone_lr_scale: float = 0.1, shift_px: int = 0, prefix_swap: float = 0.0, image_dropout: float = 0.0,
+    image_jitter: int = 0,
 ) -> list[float]:
     """Cross-entropy on the 7 action tokens; returns the loss curve. Trainable vision-backbone
     parameters (if any) learn at `backbone_lr_scale` x `lr`, as pretrained weights usually need;
     `shift_px` > 0 shifts every training image randomly (`random_shift`; examples need images);
     `prefix_swap` > 0 corrupts the teacher-forced action inputs (`swap_prefix_tokens`);
     `image_dropout` > 0 blanks the visual tokens of that share of the examples, so the state token
-    alone has to predict their actions (NOTES 35: otherwise the policy ignores it)."""
+    alone has to predict their actions (NOTES 35: otherwise the policy ignores it);
+    `image_jitter` > 0 shows each example the image of a step up to that many steps away in its
+    episode (`jitter_images`), so the exact position has to come from the state token."""
     torch.manual_seed(seed)
     vla.train()
     backbone_ids = {id(p) for p in vla.vision_backbone.parameters()}
@@ -189,7 +216,7 @@ def train_vla(
     rng = np.random.default_rng(seed)
     losses = []
     for i, batch in enumerate(_batches(examples, batch_size, steps, seed)):
-        batch = _augmented(batch, shift_px, rng)
+        batch = jitter_images(_augmented(batch, shift_px, rng), image_jitter, rng)
         clean = np.stack([ex.tokens for ex in batch])
         with _autocast(bf16_autocast, vla.device):
             drop = rng.random(len(batch)) < image_dropout if image_dropout > 0 else None

@@ -104,6 +104,10 @@ class TrainVLAConfig:
     image_dropout: float = 0.0
     """Share of training examples whose visual tokens are blanked (modality dropout; needs `proprio`):
     the state token alone must then predict the action, so the policy learns to read it."""
+    image_jitter: int = 0
+    """Show each training example the image of a step up to this many steps before or after it in its
+    episode (needs `proprio` and cached features): the image then says the phase, only the state token
+    says exactly where the hand is (`training.jitter_images`, NOTES 38)."""
     init_from: str = ""
     """Start from this saved VLA (its architecture, tokenizer and norm stats; the size options above are
     ignored) instead of from scratch: fine-tuning on aggregated data (`heisd dagger`)."""
@@ -139,6 +143,9 @@ class TrainVLAConfig:
         if not 0.0 <= self.image_dropout < 1.0 or (self.image_dropout and not self.proprio):
             raise ConfigError("--image-dropout must be in [0, 1) and needs --proprio (without the image "
                               "only the state token is left to act on)")
+        if self.image_jitter < 0 or (self.image_jitter and (not self.proprio or self.backbone_blocks)):
+            raise ConfigError("--image-jitter must be >= 0, needs --proprio (the state token has to carry the "
+                              "exact position) and a frozen backbone (it draws from cached features)")
         if not 0.0 <= self.prefix_swap <= 1.0:
             raise ConfigError("prefix_swap must be in [0, 1]")
         if self.shift_px < 0 or (self.shift_px and not self.backbone_blocks):
@@ -253,7 +260,8 @@ def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float
     losses = train_vla(vla, train, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                        progress=progress, bf16_autocast=cfg.bf16_autocast,
                        backbone_lr_scale=cfg.backbone_lr_scale, shift_px=cfg.shift_px,
-                       prefix_swap=cfg.prefix_swap, image_dropout=cfg.image_dropout)
+                       prefix_swap=cfg.prefix_swap, image_dropout=cfg.image_dropout,
+                       image_jitter=cfg.image_jitter)
     bar.close()
     return losses, curve
 
@@ -382,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-dropout", type=float, default=d.image_dropout,
                    help="with --proprio: share of training examples with blanked visual tokens, so the "
                         "policy learns to act on its state token")
+    p.add_argument("--image-jitter", type=int, default=d.image_jitter,
+                   help="with --proprio: show each example the image of a step up to N steps away in its "
+                        "episode, so the policy reads its exact position from the state token")
     p.add_argument("--init-from", default=d.init_from,
                    help="fine-tune this saved VLA (its architecture and norm stats) instead of training from scratch")
     p.add_argument("--no-progress", dest="progress", action="store_false")
