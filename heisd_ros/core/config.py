@@ -84,8 +84,17 @@ class RetrievalConfig:
     policy left at 0 adopts the manifest's value. 1 (the primary view only) spares retrieval
     steps a backbone pass on the other views when the prompt reads only the primary one."""
 
+    position_pool: int = 0
+    """0 = off. Otherwise fetch this many hits by embedding similarity and keep the `top_k` whose
+    recorded end-effector position is nearest the robot's (1 for `retrieval`). Why (benchmarks/NOTES.md
+    38-41): on LIBERO-Object a lookup of the nearest demo step by position solves half the
+    evaluation screen, where neighbours by image embedding come from the right phase but often from
+    a hand a few centimetres away, whose action then steers the wrong way."""
+
     def __post_init__(self) -> None:
         _require(1 <= self.top_k <= 64, "retrieval top_k must be in [1, 64]")
+        _require(self.position_pool == 0 or self.top_k <= self.position_pool <= 256,
+                 "retrieval position_pool must be 0 (off) or in [top_k, 256]")
         _require(7 <= self.max_tree_nodes <= 1024, "max_tree_nodes must be in [7, 1024]")
         _require(0 <= self.query_views <= 16, "retrieval query_views must be in [0, 16] (0 = all views)")
 

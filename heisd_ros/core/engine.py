@@ -117,6 +117,13 @@ class _StepDecode:
         return self.drafter.expand(root, depth, cfg)
 
 
+def nearest_in_position(hits: list[Hit], ee_pos: np.ndarray, k: int) -> list[Hit]:
+    """The `k` hits whose recorded end-effector position is nearest `ee_pos`, nearest first (a stable
+    sort: equally near hits keep their similarity order)."""
+    order = sorted(range(len(hits)), key=lambda i: float(np.linalg.norm(np.asarray(hits[i].ee_pos) - ee_pos)))
+    return [hits[i] for i in order[:k]]
+
+
 class HybridDecoder:
     """`step(observation) -> (action, StepStats)` for one of the methods in `config.METHODS`."""
 
@@ -244,7 +251,10 @@ class HybridDecoder:
                     st.fallback = "task not in database"
                     return []
                 k = 1 if self.cfg.method == "retrieval" else self.cfg.retrieval.top_k
-                hits = self.store.search(query, obs.task_key, k)
+                pool = self.cfg.retrieval.position_pool
+                hits = self.store.search(query, obs.task_key, max(k, pool))
+                if pool:
+                    hits = nearest_in_position(hits, np.asarray(obs.ee_pos, dtype=np.float64), k)
             except UnknownTaskError:
                 raise
             except DatabaseError as err:  # documented fallback: decode without retrieval

@@ -30,6 +30,7 @@ requested tasks x init states x methods found in the log.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import platform
@@ -73,6 +74,8 @@ class EvalLiberoConfig:
     """A task missing from the database: 'error' or 'drafter' (decode without retrieval)."""
     gripper_hold_steps: int = 0
     """DecoderConfig.gripper_hold_steps for every method (0 = off, as OpenVLA)."""
+    position_pool: int = 0
+    """RetrievalConfig.position_pool for every method (0 = off: Top-K by embedding similarity)."""
     out: str = "benchmarks/libero_object.json"
     plots_dir: str = ""
     progress: bool = True
@@ -176,6 +179,9 @@ class Policies:
         base = apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
                                                gripper_hold_steps=cfg.gripper_hold_steps),
                                  self.paths.calibration_path)
+        if cfg.position_pool:
+            base = dataclasses.replace(base, retrieval=dataclasses.replace(base.retrieval,
+                                                                           position_pool=cfg.position_pool))
         if any(m in NEEDS_STORE for m in cfg.methods):
             base = resolve_query_views(base, self.paths.db_path)
         self.base_cfg = base
@@ -452,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unknown-task", default=d.unknown_task, choices=("error", "drafter"))
     p.add_argument("--gripper-hold-steps", type=int, default=d.gripper_hold_steps,
                    help="a gripper change is executed after this many consecutive steps ask for it (0 = off)")
+    p.add_argument("--position-pool", type=int, default=d.position_pool,
+                   help="fetch N hits by embedding similarity, keep the Top-K nearest in end-effector "
+                        "position (0 = off)")
     p.add_argument("--out", default=d.out, help="JSON report; the log is <out stem>.jsonl, the table <out stem>.md")
     p.add_argument("--plots", default=d.plots_dir, help="directory for PNG plots ('' = none)")
     p.add_argument("--no-progress", action="store_true")
@@ -467,7 +476,8 @@ def config_from_args(args: argparse.Namespace) -> EvalLiberoConfig:
         tiny_dir=args.tiny_dir, suite=args.suite, tasks=parse_range(args.tasks), init_states=parse_range(args.init_states),
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), max_steps=args.max_steps,
         camera_size_px=args.camera_size, seed=args.seed, threads=args.threads, dtype=args.dtype,
-        unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps, out=args.out,
+        unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps,
+        position_pool=args.position_pool, out=args.out,
         plots_dir=args.plots, progress=not args.no_progress,
     )
 

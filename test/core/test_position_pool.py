@@ -1,0 +1,73 @@
+"""Position-aware retrieval (`retrieval.position_pool`): Top-K by embedding, then nearest by hand
+position (benchmarks/NOTES.md 38-41: a nearest-demo lookup by position solves half the LIBERO screen)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from heisd_ros.core.config import ConfigError, DecoderConfig, FusedMetricConfig, RetrievalConfig
+from heisd_ros.core.engine import HybridDecoder, nearest_in_position
+from heisd_ros.core.types import Hit
+
+
+def _hit(score: float, x: float) -> Hit:
+    z = np.zeros(4)
+    return Hit(score, "t", 0, int(score * 100), np.zeros(7), (0,) * 7, z, z, np.array([x, 0.0, 0.2]))
+
+
+def test_nearest_in_position_keeps_the_k_nearest_nearest_first_ties_in_similarity_order():
+    hits = [_hit(0.9, 0.10), _hit(0.8, -0.02), _hit(0.7, 0.02), _hit(0.6, 0.30), _hit(0.5, 0.0)]
+    kept = nearest_in_position(hits, np.array([0.0, 0.0, 0.2]), 3)
+    assert [h.score for h in kept] == [0.5, 0.8, 0.7]  # 0 cm, then the two at 2 cm in score order
+    assert nearest_in_position(hits, np.array([0.3, 0.0, 0.2]), 1)[0].score == 0.6
+    assert nearest_in_position(hits[:2], np.zeros(3), 5) == nearest_in_position(hits[:2], np.zeros(3), 2)
+
+
+def test_position_pool_is_validated():
+    assert RetrievalConfig(position_pool=0).position_pool == 0
+    assert RetrievalConfig(top_k=5, position_pool=20).position_pool == 20
+    with pytest.raises(ConfigError, match="position_pool"):
+        RetrievalConfig(top_k=5, position_pool=3)
+    with pytest.raises(ConfigError, match="position_pool"):
+        RetrievalConfig(position_pool=1000)
+
+
+class _Spy:
+    """The real test database, recording what each search asked for and returned."""
+
+    def __init__(self, store) -> None:
+        self.store, self.calls = store, []
+
+    def search(self, query, task, top_k):
+        hits = self.store.search(query, task, top_k)
+        self.calls.append((top_k, hits))
+        return hits
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("method", ["retrieval", "heisd"])
+def test_decoder_fetches_the_pool_and_drafts_from_the_nearest_hands(vla, drafter, demo_store, helpers, method):
+    spy = _Spy(demo_store)
+    cfg = DecoderConfig(method=method, fused_metric=FusedMetricConfig(tau=-1.0),
+                        retrieval=RetrievalConfig(top_k=2, position_pool=12))
+    dec = HybridDecoder(vla, dataclasses.replace(cfg, verify_skip=dataclasses.replace(cfg.verify_skip, enabled=False)),
+                        store=spy, drafter=drafter)
+    obs = helpers.random_obs(3)
+    dec.reset(obs.instruction)
+    checked = 0
+    for i in range(4):  # the hand moves away from where the exact demo was recorded
+        obs.ee_pos = helpers.random_obs(3).ee_pos + np.array([0.05 * i, 0.0, 0.0])
+        _, st = dec.step(obs)
+        if st.mode == "drafter":
+            continue
+        k, pool = spy.calls[-1]
+        assert k == 12 and len(pool) == 12
+        nearest = min(pool, key=lambda h: float(np.linalg.norm(np.asarray(h.ee_pos) - obs.ee_pos)))
+        assert st.retrieval_score == pytest.approx(float(nearest.score))
+        checked += 1
+    assert checked >= 2
