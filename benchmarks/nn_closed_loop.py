@@ -5,6 +5,9 @@ the nearest demo step of the same task is executed (no learning, no images):
 
 - `robot`: end-effector position (m) and finger gap (m, times `--gap-weight`): what the VLA's state
   token carries, plus the gripper opening;
+- `dwell`: end-effector position and, times `--gap-weight`, for how many steps (capped at 16, / 16)
+  the gripper has held its command: exactly the state token of the mini VLAs
+  (`--proprio --gripper-dwell 16`), counted by the node's own `GripperDebounce`;
 - `full`: the simulator's full state vector (every body's pose and velocity, the entries that vary
   across the demos, standardised), the input of benchmarks/label_ceiling.py, minus the clock.
 
@@ -28,7 +31,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from heisd_ros.core.gripper import GripperDebounce
+from heisd_ros.models.demo_pipeline import gripper_dwell
 from heisd_ros.tools.gen_demos import parse_range
+
+DWELL_CAP = 16
 
 
 def demo_table(demos: Path, task: int, features: str, gap_weight: float):
@@ -41,7 +48,10 @@ def demo_table(demos: Path, task: int, features: str, gap_weight: float):
             for name in h["data"]:
                 ep = h["data"][name]
                 actions.append(ep["actions"][()])
-                if features == "robot":
+                if features == "dwell":
+                    d = np.minimum(gripper_dwell(ep["actions"][()]), DWELL_CAP) / DWELL_CAP
+                    rows.append(np.hstack([ep["obs/ee_pos"][()], gap_weight * d[:, None]]))
+                elif features == "robot":
                     g = ep["obs/gripper_states"][()]
                     rows.append(np.hstack([ep["obs/ee_pos"][()], gap_weight * (g[:, :1] - g[:, 1:])]))
                 else:
@@ -49,12 +59,14 @@ def demo_table(demos: Path, task: int, features: str, gap_weight: float):
     if not rows:
         raise SystemExit(f"no demos of task {task} in {demos}")
     x, a = np.concatenate(rows), np.concatenate(actions)
+    if features == "dwell":
+        return x, a, lambda env, obs, dwell: np.hstack([obs.ee_pos, gap_weight * min(dwell, DWELL_CAP) / DWELL_CAP])
     if features == "robot":
-        return x, a, lambda env, obs: np.hstack([obs.ee_pos, gap_weight * (obs.gripper_qpos[:1] - obs.gripper_qpos[1:])])
+        return x, a, lambda env, obs, dwell: np.hstack([obs.ee_pos, gap_weight * (obs.gripper_qpos[:1] - obs.gripper_qpos[1:])])
     mu, sd = x.mean(0), x.std(0)
     live = sd > 1e-3  # static bodies: their scaled noise would dominate the distance
     live[0] = False  # the clock: an episode that falls behind would be matched to the wrong phase
-    return (x[:, live] - mu[live]) / sd[live], a, lambda env, obs: (env.get_state()[live] - mu[live]) / sd[live]
+    return (x[:, live] - mu[live]) / sd[live], a, lambda env, obs, dwell: (env.get_state()[live] - mu[live]) / sd[live]
 
 
 def run(args) -> dict:
@@ -67,9 +79,11 @@ def run(args) -> dict:
         try:
             for init in parse_range(args.init_states):
                 obs, ok = env.reset(init), False
+                gripper = GripperDebounce(0)  # the node's own count of executed gripper commands
                 for t in range(args.max_steps):
-                    q = feat(env, obs)
-                    obs, ok = env.step(a[np.argmin(((x - q) ** 2).sum(1))], render=False)
+                    action = a[np.argmin(((x - feat(env, obs, gripper.dwell)) ** 2).sum(1))]
+                    gripper(float(action[6]))
+                    obs, ok = env.step(action, render=False)
                     if ok:
                         break
                 episodes.append({"task": task, "init_state": init, "success": bool(ok), "steps": t + 1})
@@ -88,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", default="libero_object")
     p.add_argument("--tasks", default="0-9")
     p.add_argument("--init-states", default="40-41")
-    p.add_argument("--features", choices=("robot", "full"), default="robot")
+    p.add_argument("--features", choices=("robot", "dwell", "full"), default="robot")
     p.add_argument("--gap-weight", type=float, default=5.0)
     p.add_argument("--max-steps", type=int, default=280)
     p.add_argument("--json", default="")
