@@ -120,8 +120,10 @@ class _StepDecode:
 def nearest_in_position(hits: list[Hit], ee_pos: np.ndarray, k: int) -> list[Hit]:
     """The `k` hits whose recorded end-effector position is nearest `ee_pos`, nearest first (a stable
     sort: equally near hits keep their similarity order)."""
-    order = sorted(range(len(hits)), key=lambda i: float(np.linalg.norm(np.asarray(hits[i].ee_pos) - ee_pos)))
-    return [hits[i] for i in order[:k]]
+    if not hits:
+        return []
+    distance = np.linalg.norm(np.stack([np.asarray(h.ee_pos, dtype=np.float64) for h in hits]) - ee_pos, axis=1)
+    return [hits[i] for i in np.argsort(distance, kind="stable")[:k]]
 
 
 class HybridDecoder:

@@ -30,7 +30,6 @@ requested tasks x init states x methods found in the log.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import os
 import platform
@@ -165,7 +164,7 @@ class Policies:
 
     def __init__(self, cfg: EvalLiberoConfig) -> None:
         from heisd_ros.calibration import apply_calibration
-        from heisd_ros.core.config import DecoderConfig
+        from heisd_ros.core.config import DecoderConfig, RetrievalConfig
         from heisd_ros.core.drafter import load_drafter
         from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
         from heisd_ros.models.loader import DTYPES, load_vla
@@ -177,11 +176,9 @@ class Policies:
         self.paths = resolve_paths(raw)
         self.vla = load_vla(self.paths.model_dir, dtype=cfg.dtype)
         base = apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
-                                               gripper_hold_steps=cfg.gripper_hold_steps),
+                                               gripper_hold_steps=cfg.gripper_hold_steps,
+                                               retrieval=RetrievalConfig(position_pool=cfg.position_pool)),
                                  self.paths.calibration_path)
-        if cfg.position_pool:
-            base = dataclasses.replace(base, retrieval=dataclasses.replace(base.retrieval,
-                                                                           position_pool=cfg.position_pool))
         if any(m in NEEDS_STORE for m in cfg.methods):
             base = resolve_query_views(base, self.paths.db_path)
         self.base_cfg = base
