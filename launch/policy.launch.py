@@ -23,6 +23,7 @@ TOPICS = {
     "agentview_image": ("agentview/image_raw", "sensor_msgs/Image of the primary view"),
     "wrist_image": ("wrist/image_raw", "sensor_msgs/Image of the wrist view"),
     "ee_pose": ("ee_pose", "geometry_msgs/PoseStamped end-effector pose"),
+    "joint_states": ("joint_states", "sensor_msgs/JointState finger joints (models that read the finger gap)"),
     "instruction": ("instruction", "std_msgs/String instruction (latched)"),
     "episode_result": ("episode_result", "std_msgs/Bool episode outcome"),
     "arm_command": ("arm_command", "heisd_ros/ArmCommand output"),

@@ -160,6 +160,11 @@ class HybridDecoder:
         prompt input for models with `proprio_prev_gripper`. An episode starts open."""
         return self.gripper.state
 
+    @property
+    def reads_finger_gap(self) -> bool:
+        """Whether every observation must carry `gripper_gap` (the model's state token reads it)."""
+        return bool(getattr(getattr(self.vla, "cfg", None), "proprio_gripper_gap", False))
+
     # -- episode -------------------------------------------------------------------------------
     def reset(self, instruction: str | None = None) -> None:
         """Start a new episode: clears the trajectory window and the skip state."""
@@ -294,7 +299,8 @@ class HybridDecoder:
         with self._timed(lat, "prompt"):
             prompt = self.vla.prompt_embeds(obs.instruction, visual, state=obs.ee_pos,
                                             prev_gripper=self.last_gripper_command,
-                                            gripper_dwell=self.gripper.dwell)[0]
+                                            gripper_dwell=self.gripper.dwell,
+                                            gripper_gap=obs.gripper_gap)[0]
         target = TargetSession(self.vla.language_model, self.head)
         drafter = None
         if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:

@@ -9,7 +9,20 @@ steps to close. 0 turns it off (OpenVLA executes every step's own command).
 
 from __future__ import annotations
 
+import numpy as np
+
 from heisd_ros.core.types import gripper_command
+
+
+def finger_gap(finger_positions) -> float:
+    """Finger joint positions (m, two prismatic fingers) -> the opening between the fingers (m).
+
+    Absolute values, so both conventions give the gap: robosuite / LIBERO report the Panda's fingers
+    as (+q, -q), a real Panda's joint_states as (+q, +q)."""
+    q = np.asarray(finger_positions, dtype=np.float64).reshape(-1)
+    if q.shape != (2,) or not np.all(np.isfinite(q)):
+        raise ValueError(f"expected two finite finger positions, got {finger_positions!r}")
+    return float(np.abs(q).sum())
 
 
 class GripperDebounce:

@@ -39,11 +39,12 @@ class VLA(Protocol):
         ...
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      prev_gripper: float | None = None, gripper_dwell: int | None = None) -> torch.Tensor:
+                      prev_gripper: float | None = None, gripper_dwell: int | None = None,
+                      gripper_gap: float | None = None) -> torch.Tensor:
         """visual [V*N, D] -> inputs_embeds [1, T, D] in OpenVLA's order (BOS, patches, prompt text);
         `state` (end-effector position [3]) and `prev_gripper` (the previous step's gripper command,
-        +1 close / -1 open) and `gripper_dwell` (for how many steps that command has been executed) are
-        read only by models that take them."""
+        +1 close / -1 open), `gripper_dwell` (for how many steps that command has been executed) and
+        `gripper_gap` (the opening between the fingers, m) are read only by models that take them."""
         ...
 
     def get_input_embeddings(self) -> torch.nn.Embedding: ...

@@ -27,6 +27,7 @@ class Observation:
     images: view name -> RGB uint8 array [H, W, 3] (upright).
     ee_pos: end-effector position [3] in metres (robot base frame).
     task: database partition key; defaults to the instruction.
+    gripper_gap: opening between the fingers (m), read only by models with `proprio_gripper_gap`.
     """
 
     images: dict[str, np.ndarray]
@@ -34,6 +35,7 @@ class Observation:
     ee_pos: np.ndarray
     task: str | None = None
     stamp_s: float = 0.0
+    gripper_gap: float | None = None
 
     @property
     def task_key(self) -> str:

@@ -119,6 +119,11 @@ def gripper_dwell(actions: np.ndarray) -> np.ndarray:
     return dwell
 
 
+def finger_gaps(episode: DemoEpisode) -> list[float | None]:
+    """`DemoEpisode.finger_gap` of every step."""
+    return [episode.finger_gap(t) for t in range(episode.length)]
+
+
 def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
     """Raw actions [T, 7] -> OpenVLA action tokens [T, 7] (q01/q99 normalisation, 256 bins)."""
     return vla.action_tokenizer.encode(stats.normalise(actions))
@@ -141,19 +146,19 @@ def episode_examples(
     if cache is None:
         episode = load_episode(ref, with_images=True)
         tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
-        prev, dwell = previous_gripper(episode.actions), gripper_dwell(episode.actions)
+        prev, dwell, gap = previous_gripper(episode.actions), gripper_dwell(episode.actions), finger_gaps(episode)
         views = [episode.images[VIEWS[v]] for v in range(vla.prompt_views)]
         return [Example([v[t] for v in views], episode.instruction, tokens[t], None, episode.ee_pos[t], float(prev[t]),
-                        int(dwell[t])) for t in range(len(tokens))]
+                        int(dwell[t]), gripper_gap=gap[t]) for t in range(len(tokens))]
     cached = ref.kind == "hdf5" and cache.is_complete(ref)
     episode = load_episode(ref, with_images=not cached)
     feats = cache.get(ref, None if cached else episode)
     tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
     if len(feats) != len(tokens):
         raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
-    prev, dwell = previous_gripper(episode.actions), gripper_dwell(episode.actions)
+    prev, dwell, gap = previous_gripper(episode.actions), gripper_dwell(episode.actions), finger_gaps(episode)
     return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], float(prev[t]), int(dwell[t]),
-                    episode_patches=feats, step=t)
+                    gripper_gap=gap[t], episode_patches=feats, step=t)
             for t in range(len(tokens))]
 
 
@@ -218,7 +223,7 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
     from heisd_ros.store.schema import DemoPoint
 
     tokens = episode_tokens(vla, stats, episode.actions)
-    prev, dwell = previous_gripper(episode.actions), gripper_dwell(episode.actions)
+    prev, dwell, gap = previous_gripper(episode.actions), gripper_dwell(episode.actions), finger_gaps(episode)
     queries, examples = [], []
     with torch.inference_mode():
         for t in range(episode.length):
@@ -226,7 +231,7 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
             query, patches = embed_views(vla, views, query_views=query_views)
             queries.append(query)
             examples.append(Example([], episode.instruction, tokens[t], prompt_patches(vla, patches),
-                                    episode.ee_pos[t], float(prev[t]), int(dwell[t])))
+                                    episode.ee_pos[t], float(prev[t]), int(dwell[t]), gripper_gap=gap[t]))
     feats = action_features(vla, examples, batch_size)
     points = []
     for t in range(episode.length):

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.errors import DataFileError, HeisdError
 from heisd_ros.data_checks import check_demo_hdf5
 
@@ -58,6 +59,11 @@ class DemoEpisode:
 
     def views(self, t: int, views: Sequence[str] = VIEWS) -> list[np.ndarray]:
         return [self.images[v][t] for v in views]
+
+    def finger_gap(self, t: int) -> float | None:
+        """The opening between the fingers before action t (m), or None where the recording has no
+        finger positions (a bag): a model that reads the gap then rejects the step with a clear error."""
+        return None if self.gripper_qpos is None else finger_gap(self.gripper_qpos[t])
 
 
 @dataclass(frozen=True)

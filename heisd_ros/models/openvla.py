@@ -66,7 +66,8 @@ class OpenVLAAdapter:
     """OpenVLA's prompt holds the primary view only, and no robot state."""
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      prev_gripper: float | None = None, gripper_dwell: int | None = None) -> torch.Tensor:
+                      prev_gripper: float | None = None, gripper_dwell: int | None = None,
+                      gripper_gap: float | None = None) -> torch.Tensor:
         ids = self._prompt_cache.get(instruction)
         if ids is None:
             text = PROMPT_TEMPLATE.format(instruction=instruction.strip().lower().rstrip("."))

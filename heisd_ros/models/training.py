@@ -36,6 +36,8 @@ class Example:
     gripper_dwell: int | None = None
     """For how many steps before this one `prev_gripper` has been executed without a change (0 at an
     episode's start; read only by a model with `proprio_gripper_dwell`)."""
+    gripper_gap: float | None = None
+    """Opening between the fingers at this step (m; read only by a model with `proprio_gripper_gap`)."""
     episode_patches: np.ndarray | None = None
     """Cached prompt-view patches of every step of this example's episode [T, V*N, C] (a shared
     array, not a copy) and this example's row in it: `image_jitter` draws the image from nearby steps."""
@@ -94,7 +96,7 @@ def prompt_batch(vla, batch: Sequence[Example], drop_image: np.ndarray | None = 
         keep = torch.as_tensor(~drop_image, device=visual.device, dtype=visual.dtype)
         visual = visual * keep[:, None, None]
     return torch.stack([vla.prompt_embeds(ex.instruction, visual[i], state=ex.state, prev_gripper=ex.prev_gripper,
-                                           gripper_dwell=ex.gripper_dwell)[0]
+                                           gripper_dwell=ex.gripper_dwell, gripper_gap=ex.gripper_gap)[0]
                         for i, ex in enumerate(batch)])
 
 

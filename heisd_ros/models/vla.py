@@ -24,6 +24,12 @@ from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
 from heisd_ros.core.types import gripper_command
 from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE, HFTokenizer, TextTokenizer
 
+GAP_SCALE_M = 0.04
+"""The finger gap enters the state token as gap / 0.04 m: 0 (closed) to ~2 (a Panda hand fully open,
+~0.08 m), the scale of the normalised position beside it."""
+MAX_GAP_M = 0.2
+"""Larger finger gaps are sensor errors (no parallel gripper in LIBERO or on a Panda opens that far)."""
+
 
 @dataclass(frozen=True)
 class VLAConfig:
@@ -66,6 +72,11 @@ class VLAConfig:
     The count carries no sign: with the command itself in the prompt (`proprio_prev_gripper`) the
     policy copies it and never closes (NOTES 33), while the count alone says nothing about which
     command comes next."""
+    proprio_gripper_gap: bool = False
+    """The state token also reads the opening between the fingers (m), as gap / GAP_SCALE_M. Closed
+    loop, the end-effector position plus this gap is what a lookup table over the demos needs to
+    solve half of LIBERO-Object, where the dwell count solves a fifth (NOTES 38, 43): the gap says
+    whether the fingers are open, closing, or holding something, which no count of commands does."""
     proprio_fourier: int = 0
     """> 0: the state token also reads sin and cos of the normalised position at this many
     octaves (2^k * pi * x, k < n). A linear token moves by 0.1 of its unit per centimetre, which
@@ -83,6 +94,8 @@ class VLAConfig:
         if self.proprio_gripper_dwell < 0 or (self.proprio_gripper_dwell and not self.proprio_dim):
             raise ModelLoadError("proprio_gripper_dwell must be >= 0 and needs proprio_dim > 0 "
                                  "(it rides on the state token)")
+        if self.proprio_gripper_gap and not self.proprio_dim:
+            raise ModelLoadError("proprio_gripper_gap needs proprio_dim > 0 (it rides on the state token)")
         if self.proprio_fourier < 0 or (self.proprio_fourier and not self.proprio_dim):
             raise ModelLoadError("proprio_fourier must be >= 0 and needs proprio_dim > 0 (it rides on the state token)")
         if any(s <= 0 for s in self.proprio_std):
@@ -135,7 +148,7 @@ class VLAModel(nn.Module):
         )
         self.language_model = LlamaForCausalLM(llm_cfg)
         state_in = (cfg.proprio_dim * (1 + 2 * cfg.proprio_fourier) + int(cfg.proprio_prev_gripper)
-                    + int(cfg.proprio_gripper_dwell > 0))
+                    + int(cfg.proprio_gripper_dwell > 0) + int(cfg.proprio_gripper_gap))
         self.state_projector = nn.Linear(state_in, hidden) if cfg.proprio_dim else None
         self._state_mean = np.asarray(cfg.proprio_mean, dtype=np.float64)
         self._state_std = np.asarray(cfg.proprio_std, dtype=np.float64)
@@ -203,9 +216,10 @@ class VLAModel(nn.Module):
         return self.cfg.prompt_views
 
     def state_features(self, state, prev_gripper: float | None = None,
-                       gripper_dwell: int | None = None) -> np.ndarray:
+                       gripper_dwell: int | None = None, gripper_gap: float | None = None) -> np.ndarray:
         """What the state projector reads, in float64: the normalised end-effector position [3]
-        (+ its sin/cos octaves, + the previous gripper command, + the capped dwell count)."""
+        (+ its sin/cos octaves, + the previous gripper command, + the capped dwell count, + the
+        scaled finger gap)."""
         x = np.asarray(state, dtype=np.float64).reshape(-1)
         if x.shape != (self.cfg.proprio_dim,) or not np.all(np.isfinite(x)):
             raise InvalidObservationError(f"state must be {self.cfg.proprio_dim} finite numbers, got {state!r}")
@@ -223,27 +237,34 @@ class VLAModel(nn.Module):
                 raise InvalidObservationError("this model reads the gripper dwell count (steps >= 0), "
                                               f"got {gripper_dwell!r}")
             x = np.append(x, min(int(gripper_dwell), cap) / cap)
+        if self.cfg.proprio_gripper_gap:
+            if gripper_gap is None or not np.isfinite(gripper_gap) or not 0.0 <= gripper_gap <= MAX_GAP_M:
+                raise InvalidObservationError(f"this model reads the finger gap (0-{MAX_GAP_M} m), got {gripper_gap!r}")
+            x = np.append(x, gripper_gap / GAP_SCALE_M)
         return x
 
-    def state_token(self, state, prev_gripper: float | None = None, gripper_dwell: int | None = None) -> torch.Tensor:
+    def state_token(self, state, prev_gripper: float | None = None, gripper_dwell: int | None = None,
+                    gripper_gap: float | None = None) -> torch.Tensor:
         """End-effector position [3] (+ previous gripper command, + for how many steps it has been
         executed) -> one prompt token [1, D] (normalised in float64 first, so a bf16 model still
         sees millimetres)."""
-        x = self.state_features(state, prev_gripper, gripper_dwell)
+        x = self.state_features(state, prev_gripper, gripper_dwell, gripper_gap)
         return self.state_projector(torch.as_tensor(x, dtype=self.dtype, device=self.device))[None]
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      prev_gripper: float | None = None, gripper_dwell: int | None = None) -> torch.Tensor:
+                      prev_gripper: float | None = None, gripper_dwell: int | None = None,
+                      gripper_gap: float | None = None) -> torch.Tensor:
         """[BOS] + visual [V*N, D] (+ state token) + prompt text -> inputs_embeds [1, P, D]
         (OpenVLA order; `state` is read only by a model with `proprio_dim` > 0, `prev_gripper`
-        only by one with `proprio_prev_gripper`, `gripper_dwell` by one with `proprio_gripper_dwell`)."""
+        only by one with `proprio_prev_gripper`, `gripper_dwell` by one with `proprio_gripper_dwell`,
+        `gripper_gap` by one with `proprio_gripper_gap`)."""
         ids = torch.tensor(self._prompt_ids(instruction), device=self.device)
         text = self.get_input_embeddings()(ids)
         parts = [text[:1], visual.to(text.dtype)]
         if self.state_projector is not None:
             if state is None:
                 raise InvalidObservationError("this model reads the end-effector position, but none was given")
-            parts.append(self.state_token(state, prev_gripper, gripper_dwell).to(text.dtype))
+            parts.append(self.state_token(state, prev_gripper, gripper_dwell, gripper_gap).to(text.dtype))
         return torch.cat(parts + [text[1:]], dim=0)[None]
 
     # -- persistence (OpenVLA-like directory: config.json, model.safetensors, dataset_statistics.json)

@@ -38,11 +38,12 @@ from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import CompressedImage, Image
+from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, Float64, String
 
 from heisd_ros.core.errors import (DatabaseError, HeisdError, InvalidObservationError, ModelLoadError,
                                    UnknownTaskError)  # fmt: skip
+from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.types import Observation
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.params import PolicyNodeConfig, build_config, declare_all, validate_update
@@ -163,6 +164,10 @@ class PolicyNode(Node):
         for view, topic in zip(views, n.image_topics):
             self.create_subscription(image_type, topic, functools.partial(self._on_image, view), SENSOR_QOS)
         self.create_subscription(PoseStamped, n.pose_topic, self._on_pose, SENSOR_QOS)
+        self._reads_gap = bool(getattr(self._decoder, "reads_finger_gap", False))
+        self._gap: tuple[float, float] | None = None  # (header stamp s, finger gap m) of the newest joint_states
+        if self._reads_gap:
+            self.create_subscription(JointState, n.joint_states_topic, self._on_joint_states, SENSOR_QOS)
         self.create_subscription(String, n.instruction_topic, self._on_instruction, LATCHED_QOS)
         self.create_subscription(Bool, n.episode_result_topic, self._on_episode_result, EVENT_QOS)
         from heisd_ros.msg import ArmCommand, DecodeStats
@@ -232,6 +237,34 @@ class PolicyNode(Node):
     def _on_pose(self, msg: PoseStamped) -> None:
         with self._sync_lock:
             self._sync.add_pose(conv.stamp_to_s(msg.header.stamp), msg)
+
+    def _on_joint_states(self, msg: JointState) -> None:
+        """Keep the newest finger gap; a message without both finger joints (e.g. an arm-only
+        joint_states publisher on the same topic) is ignored, one that is malformed is reported."""
+        names = list(msg.name)
+        fingers = self.cfg.node.finger_joints
+        if not all(f in names for f in fingers):
+            return
+        try:
+            gap = finger_gap([msg.position[names.index(f)] for f in fingers])
+        except (ValueError, IndexError) as err:
+            self._report("invalid_input", WARN, f"joint_states: no finger gap from {list(fingers)}: {err}", rejected=False)
+            return
+        with self._sync_lock:
+            self._gap = (conv.stamp_to_s(msg.header.stamp), gap)
+
+    def _finger_gap_for(self, stamp_s: float) -> tuple[float | None, str]:
+        """(gap, '') for a synchronised set stamped `stamp_s`, or (None, why not)."""
+        n = self.cfg.node
+        with self._sync_lock:
+            gap = self._gap
+        if gap is None:
+            return None, f"the model reads the finger gap, but nothing with joints {list(n.finger_joints)} " \
+                         f"has arrived on {n.joint_states_topic!r}"
+        age = stamp_s - gap[0]
+        if abs(age) > n.pose_staleness_s:
+            return None, f"finger gap {age:.3f} s from the images' stamp > pose_staleness_s {n.pose_staleness_s:.3f}"
+        return gap[1], ""
 
     def _on_instruction(self, msg: String) -> None:
         text = msg.data.strip()
@@ -360,11 +393,16 @@ class PolicyNode(Node):
             self._decoder.reset(job.instruction)
             self._episode_instruction, self._needs_reset, self._step_id = job.instruction, False, 0
         started = time.monotonic()
+        gap = None
+        if self._reads_gap:
+            gap, why = self._finger_gap_for(job.synced.stamp_s)
+            if gap is None:
+                return self._problem("invalid_input", WARN, f"invalid input: {why}")
         try:
             images = {v: conv.msg_to_rgb(f.data, n.expected_hw) for v, f in job.synced.frames.items()}
             ee_pos = conv.pose_to_position(job.synced.pose.data, n.quat_norm_tol)
             obs = Observation(images=images, instruction=job.instruction, ee_pos=ee_pos,
-                              task=n.task or None, stamp_s=job.synced.stamp_s)  # fmt: skip
+                              task=n.task or None, stamp_s=job.synced.stamp_s, gripper_gap=gap)  # fmt: skip
             action, stats = self._decoder.step(obs)
             action = conv.check_action(action)
         except InvalidObservationError as err:

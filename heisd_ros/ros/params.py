@@ -46,6 +46,11 @@ class NodeConfig:
     """Subscribe to sensor_msgs/CompressedImage (jpeg/png) instead of sensor_msgs/Image."""
     pose_topic: str = "ee_pose"
     """geometry_msgs/PoseStamped end-effector pose in the robot base frame."""
+    joint_states_topic: str = "joint_states"
+    """sensor_msgs/JointState with the gripper's finger joints; subscribed only when the model's state
+    token reads the finger gap (`proprio_gripper_gap`)."""
+    finger_joints: tuple[str, ...] = ("panda_finger_joint1", "panda_finger_joint2")
+    """The two finger joint names in joint_states; gap = |q1| + |q2| (m)."""
     instruction_topic: str = "instruction"
     """std_msgs/String task instruction (latched: reliable, transient-local); a change resets the episode."""
     episode_result_topic: str = "episode_result"
@@ -110,7 +115,10 @@ class NodeConfig:
     def __post_init__(self) -> None:
         _require(len(self.image_topics) >= 1, "image_topics needs one topic per view")
         _require(len(set(self.image_topics)) == len(self.image_topics), "image_topics must be unique")
-        topics = self.image_topics + (self.pose_topic, self.instruction_topic, self.episode_result_topic,
+        _require(len(self.finger_joints) == 2 and all(self.finger_joints) and len(set(self.finger_joints)) == 2,
+                 f"finger_joints needs two distinct joint names, got {list(self.finger_joints)}")  # fmt: skip
+        topics = self.image_topics + (self.pose_topic, self.joint_states_topic, self.instruction_topic,
+                                      self.episode_result_topic,
                                       self.command_topic, self.stats_topic, self.twist_topic,
                                       self.gripper_topic)  # fmt: skip
         for t in topics:

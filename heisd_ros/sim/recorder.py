@@ -222,6 +222,9 @@ class BagTopics:
 
     images: tuple[tuple[str, str], ...] = (("agentview", "/agentview/image_raw"), ("wrist", "/wrist/image_raw"))
     ee_pose: str = "/ee_pose"
+    joint_states: str = "/joint_states"
+    """The finger joints (sensor_msgs/JointState), for models whose state token reads the finger gap."""
+    finger_joints: tuple[str, str] = ("panda_finger_joint1", "panda_finger_joint2")
     instruction: str = "/instruction"
     episode_result: str = "/episode_result"
     command: str = "/arm_command"
@@ -274,6 +277,7 @@ def export_mcap(episode: Episode, path: Path, topics: BagTopics = BagTopics(), s
             instr_conn = writer.add_connection(topics.instruction, "std_msgs/msg/String", typestore=store, offered_qos_profiles=latched)
             result_conn = writer.add_connection(topics.episode_result, "std_msgs/msg/Bool", typestore=store)
             cmd_conn = writer.add_connection(topics.command, ARM_COMMAND, typestore=store)
+            joint_conn = writer.add_connection(topics.joint_states, "sensor_msgs/msg/JointState", typestore=store)
 
             def put(conn: Any, stamp: int, msg: Any, typename: str) -> None:
                 nonlocal written
@@ -288,6 +292,8 @@ def export_mcap(episode: Episode, path: Path, topics: BagTopics = BagTopics(), s
                     if view in episode.images:
                         put(conn, stamp, _image(store, header, episode.images[view][t]), "sensor_msgs/msg/Image")
                 put(pose_conn, stamp, _pose(store, header, episode.ee_pos[t], episode.ee_quat[t]), "geometry_msgs/msg/PoseStamped")
+                put(joint_conn, stamp, _fingers(store, header, topics.finger_joints, episode.gripper_qpos[t]),
+                    "sensor_msgs/msg/JointState")
                 put(cmd_conn, stamp, _command(store, header, t, episode.actions[t]), ARM_COMMAND)
             end = start_ns + episode.length * dt_ns
             put(result_conn, end, T["std_msgs/msg/Bool"](data=bool(episode.success)), "std_msgs/msg/Bool")
@@ -336,6 +342,12 @@ def _pose(store: Any, header: Any, pos: np.ndarray, quat_xyzw: np.ndarray) -> An
             ),
         ),
     )
+
+
+def _fingers(store: Any, header: Any, names: tuple[str, str], qpos: np.ndarray) -> Any:
+    q = np.asarray(qpos, dtype=np.float64)
+    return store.types["sensor_msgs/msg/JointState"](header=header, name=list(names), position=q,
+                                                     velocity=np.zeros(0), effort=np.zeros(0))
 
 
 def _command(store: Any, header: Any, step: int, action: np.ndarray) -> Any:

@@ -101,7 +101,8 @@ def demo_observations(demos: str, model_dir: str, tasks: str, n_episodes: int, n
         for ref in task_refs[:n_episodes]:
             ep = load_episode(ref)
             t_end = ep.length if n_steps <= 0 else min(ep.length, n_steps)
-            out.append([Observation({v: ep.images[v][t] for v in VIEWS}, ep.instruction, ep.ee_pos[t]) for t in range(t_end)])
+            out.append([Observation({v: ep.images[v][t] for v in VIEWS}, ep.instruction, ep.ee_pos[t],
+                                    gripper_gap=ep.finger_gap(t)) for t in range(t_end)])
     if not out:
         raise SystemExit(f"no demonstration episodes under {demos} for tasks {tasks or 'all'}")
     return out

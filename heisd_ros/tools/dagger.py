@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.gripper import finger_gap
 from heisd_ros.tools.gen_demos import (
     StopBetweenEpisodes, episode_seed, git_revision, parse_range, refuse_eval_init_states,
 )
@@ -83,7 +84,8 @@ def run_episode(env, expert, decoder, init_state: int, beta: float, seed: int, m
     success = False
     for _ in range(max_steps):
         label = expert.act(obs)
-        action, stats = decoder.step(Observation(obs.images, env.instruction, obs.ee_pos))
+        action, stats = decoder.step(Observation(obs.images, env.instruction, obs.ee_pos,
+                                                    gripper_gap=finger_gap(obs.gripper_qpos)))
         # Agreement in the VLA's own token space: the label's tokens against the ones it decoded.
         agree += np.asarray(stats.tokens) == vla.action_tokenizer.encode(vla.stats().normalise(label))
         buffer.append(obs, label, env.get_state())

@@ -44,6 +44,7 @@ import numpy as np
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.core.gripper import finger_gap
 from heisd_ros.tools.gen_demos import EVAL_INIT_STATES, git_revision, parse_range
 
 
@@ -259,7 +260,8 @@ class _Episode:
 
         obs = self.obs
         c0 = time.process_time()
-        action, st = self.decoder.step(Observation(obs.images, self.env.instruction, obs.ee_pos))
+        action, st = self.decoder.step(Observation(obs.images, self.env.instruction, obs.ee_pos,
+                                                          gripper_gap=finger_gap(obs.gripper_qpos)))
         cpu_ms = (time.process_time() - c0) * 1e3
         s0 = time.perf_counter()
         self.obs, self.success = self.env.step(action)

@@ -48,7 +48,8 @@ OUTPUT_TYPES = {
 }
 """Default output topics of the node and their types."""
 IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
-INPUT_TYPES = IMAGE_TYPES + ("geometry_msgs/msg/PoseStamped", "std_msgs/msg/String", "std_msgs/msg/Bool")
+INPUT_TYPES = IMAGE_TYPES + ("geometry_msgs/msg/PoseStamped", "sensor_msgs/msg/JointState", "std_msgs/msg/String",
+                             "std_msgs/msg/Bool")
 
 
 @dataclass(frozen=True)

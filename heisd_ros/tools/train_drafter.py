@@ -108,7 +108,8 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
     for ref in refs:
         ep = load_episode(ref)
         for t in sorted(rng.choice(ep.length, min(per_episode, ep.length), replace=False)):
-            obs = Observation({v: ep.images[v][t] for v in VIEWS}, ep.instruction, ep.ee_pos[t])
+            obs = Observation({v: ep.images[v][t] for v in VIEWS}, ep.instruction, ep.ee_pos[t],
+                              gripper_gap=ep.finger_gap(t))
             _, st_ar = ar.step(obs)
             _, st = sd.step(obs)
             accept.append(st.accept_length)

@@ -83,6 +83,9 @@ class TrainVLAConfig:
     gripper_dwell: int = 0
     """> 0: the state token also reads for how many steps (capped here) the previous gripper command
     has been executed (needs `proprio`; `VLAConfig.proprio_gripper_dwell`)."""
+    gripper_gap: bool = False
+    """The state token also reads the opening between the fingers (needs `proprio`;
+    `VLAConfig.proprio_gripper_gap`)."""
     proprio_fourier: int = 0
     """> 0: the state token also reads sin/cos of the position at this many octaves (needs `proprio`;
     `VLAConfig.proprio_fourier`)."""
@@ -134,6 +137,8 @@ class TrainVLAConfig:
             raise ConfigError("--prev-gripper needs --proprio (it rides on the state token)")
         if self.gripper_dwell < 0 or (self.gripper_dwell and not self.proprio):
             raise ConfigError("--gripper-dwell must be >= 0 and needs --proprio (it rides on the state token)")
+        if self.gripper_gap and not self.proprio:
+            raise ConfigError("--gripper-gap rides on the state token: add --proprio")
         if self.proprio_fourier < 0 or (self.proprio_fourier and not self.proprio):
             raise ConfigError("--proprio-fourier must be >= 0 and needs --proprio (it rides on the state token)")
         if not 0 <= self.backbone_blocks <= 16:
@@ -181,7 +186,7 @@ def mini_vla_config(cfg: TrainVLAConfig, ee_pos: np.ndarray | None = None):
         proprio = dict(proprio_dim=3, proprio_mean=tuple(float(x) for x in ee_pos.mean(0)),
                        proprio_std=tuple(float(x) for x in np.maximum(ee_pos.std(0), 1e-3)),
                        proprio_prev_gripper=cfg.prev_gripper, proprio_gripper_dwell=cfg.gripper_dwell,
-                       proprio_fourier=cfg.proprio_fourier)
+                       proprio_fourier=cfg.proprio_fourier, proprio_gripper_gap=cfg.gripper_gap)
     from heisd_ros.models.efficientnet import MULTISCALE_DIM, OUT_DIM
 
     vision, dim = ("efficientnet_lite0_ms", MULTISCALE_DIM) if cfg.multiscale else ("efficientnet_lite0", OUT_DIM)
@@ -372,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gripper-dwell", type=int, default=d.gripper_dwell, metavar="CAP",
                    help="with --proprio: the state token also reads for how many steps (up to CAP) the "
                         "previous gripper command has been executed, so timed holds end")
+    p.add_argument("--gripper-gap", action="store_true",
+                   help="the state token also reads the opening between the fingers (demos need obs/gripper_states)")
     p.add_argument("--proprio-fourier", type=int, default=d.proprio_fourier, metavar="OCTAVES",
                    help="with --proprio: the state token also reads sin/cos of the position at this many "
                         "octaves, so millimetres move it")

@@ -309,3 +309,91 @@ def test_fourier_state_survives_save_load_and_train_config(fourier_model, tmp_pa
         assert torch.equal(back.state_token([0.2, -0.1, 0.25]), fourier_model.state_token([0.2, -0.1, 0.25]))
     with pytest.raises(ConfigError, match="proprio-fourier"):
         TrainVLAConfig(proprio_fourier=6)
+
+
+# -- the opening between the fingers (proprio_gripper_gap) ---------------------------------------
+@pytest.fixture(scope="module")
+def gap_model():
+    torch.set_num_threads(1)
+    return tiny_vla(seed=5, cfg=dataclasses.replace(_cfg(prompt_views=1), proprio_gripper_gap=True))
+
+
+def test_finger_gap_reads_both_joint_conventions():
+    from heisd_ros.core.gripper import finger_gap
+
+    assert finger_gap([0.039, -0.039]) == pytest.approx(0.078)  # robosuite / LIBERO: (+q, -q)
+    assert finger_gap([0.02, 0.02]) == pytest.approx(0.04)  # a real Panda's joint_states: (+q, +q)
+    for bad in ([0.01], [0.01, float("nan")], [0.01, 0.02, 0.03]):
+        with pytest.raises(ValueError, match="finger positions"):
+            finger_gap(bad)
+
+
+def test_gap_moves_only_the_state_token_and_is_required(gap_model):
+    m = gap_model
+    visual = torch.zeros(16, m.hidden_size)
+    kw = dict(state=[0.1, 0.0, 0.3])
+    with torch.inference_mode():
+        rows = [m.prompt_embeds(INSTRUCTION, visual, gripper_gap=g, **kw)[0] for g in (0.08, 0.079, 0.02)]
+    row = 1 + 16
+    assert not torch.equal(rows[0][row], rows[1][row]) and not torch.equal(rows[1][row], rows[2][row])
+    assert torch.equal(rows[0][:row], rows[2][:row]) and torch.equal(rows[0][row + 1:], rows[2][row + 1:])
+    np.testing.assert_allclose(m.state_features([0.1, 0.0, 0.3], gripper_gap=0.08)[-1], 2.0)  # gap / 0.04 m
+    for bad in (None, float("nan"), -0.01, 0.5):
+        with pytest.raises(InvalidObservationError, match="finger gap"):
+            m.prompt_embeds(INSTRUCTION, visual, gripper_gap=bad, **kw)
+    with pytest.raises(ModelLoadError, match="proprio_gripper_gap"):
+        dataclasses.replace(_cfg(prompt_views=1, proprio=False), proprio_gripper_gap=True)
+
+
+def test_engine_hands_the_observed_gap_to_the_model(gap_model, tmp_path):
+    ar = HybridDecoder(gap_model, DecoderConfig(method="ar", views=("agentview",)))
+    assert ar.reads_finger_gap and not HybridDecoder(tiny_vla(seed=0), DecoderConfig(method="ar")).reads_finger_gap
+    seen = []
+    real = gap_model.prompt_embeds
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["gripper_gap"])
+        return real(*args, **kwargs)
+
+    gap_model.prompt_embeds = spy
+    try:
+        for gap in (0.08, 0.031):
+            ar.step(dataclasses.replace(random_observation(3), gripper_gap=gap))
+        with pytest.raises(InvalidObservationError, match="finger gap"):
+            ar.step(random_observation(4))  # an observation without the gap is refused, not guessed
+    finally:
+        del gap_model.prompt_embeds
+    assert seen == [0.08, 0.031, None]
+    gap_model.save_pretrained(tmp_path / "g")
+    assert load_vla(tmp_path / "g").cfg.proprio_gripper_gap
+
+
+def test_training_examples_carry_the_demo_finger_gap(gap_model):
+    from heisd_ros.models.demo_pipeline import finger_gaps
+    from heisd_ros.models.libero_data import DemoEpisode
+
+    actions = np.zeros((3, 7))
+    ep = DemoEpisode("d", INSTRUCTION, INSTRUCTION, 0, "x", actions, np.zeros((3, 3)),
+                     gripper_qpos=np.array([[0.04, -0.04], [0.03, -0.03], [0.01, -0.01]]))
+    np.testing.assert_allclose(finger_gaps(ep), [0.08, 0.06, 0.02])
+    assert finger_gaps(dataclasses.replace(ep, gripper_qpos=None)) == [None] * 3  # a bag: the model refuses it
+
+
+def test_train_vla_refuses_a_gap_without_the_state_token():
+    from heisd_ros.tools.train_vla import TrainVLAConfig, mini_vla_config
+
+    with pytest.raises(ConfigError, match="gripper-gap"):
+        TrainVLAConfig(gripper_gap=True)
+    cfg = TrainVLAConfig(proprio=True, gripper_gap=True)
+    assert mini_vla_config(cfg, np.random.default_rng(0).normal(size=(10, 3))).proprio_gripper_gap
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_drafter_decoding_with_the_finger_gap_is_lossless(gap_model, seed):
+    torch.manual_seed(0)
+    drafter = EagleDrafter(gap_model.language_model.config).eval()
+    ar = HybridDecoder(gap_model, DecoderConfig(method="ar", views=("agentview",)))
+    dec = HybridDecoder(gap_model, DecoderConfig(method="drafter", views=("agentview",)), drafter=drafter)
+    for step in range(3):
+        obs = dataclasses.replace(random_observation(seed * 10 + step), gripper_gap=0.08 - 0.02 * step)
+        assert dec.step(obs)[1].tokens == ar.step(obs)[1].tokens

@@ -283,3 +283,52 @@ def test_database_outage_mid_run_keeps_commanding_in_drafter_mode_and_recovers(c
     finally:
         listener.executor.remove_node(node)
         node.destroy_node()
+
+
+def test_a_model_that_reads_the_finger_gap_commands_only_with_fresh_joint_states(ctx, files, listener, tmp_path):
+    """A state token with the finger gap: no joint_states (or only an arm's) -> no command and a
+    warning that names the topic; the fingers on joint_states -> commands."""
+    import dataclasses
+
+    import torch
+    from sensor_msgs.msg import JointState
+
+    from heisd_ros.core.drafter import EagleDrafter
+    from heisd_ros.models.loader import tiny_vla, tiny_vla_config
+
+    root = _copy(files, tmp_path)
+    cfg = dataclasses.replace(tiny_vla_config(), proprio_dim=3, proprio_mean=(0.0, 0.0, 0.1),
+                              proprio_std=(0.1, 0.1, 0.1), proprio_gripper_gap=True)  # fmt: skip
+    vla = tiny_vla(seed=0, cfg=cfg)
+    vla.save_pretrained(root / "gap_model")
+    torch.manual_seed(0)
+    EagleDrafter(vla.language_model.config).save(root / "gap_drafter")
+    node = _start(ctx, "gap", **_params(root, model_dir=str(root / "gap_model"), drafter_dir=str(root / "gap_drafter"),
+                                        image_staleness_s=1.0, pose_staleness_s=1.0))  # fmt: skip
+    pub_joints = listener.node.create_publisher(JointState, "joint_states", SENSOR_QOS)
+    listener.executor.add_node(node)
+
+    def joints(t: float, names: list[str]) -> JointState:
+        msg = JointState(name=names, position=[0.03, -0.03][: len(names)] + [0.1] * (len(names) - 2))
+        msg.header.stamp = conv.position_to_pose((0, 0, 0), t).header.stamp
+        return msg
+
+    try:
+        assert node._reads_gap
+        listener.pub_instr.publish(String(data=TASK))
+        for k in range(6):  # the arm's joints only: still no finger gap
+            t = listener.publish_set(k)
+            pub_joints.publish(joints(t, [f"panda_joint{i}" for i in range(1, 8)]))
+            time.sleep(0.12)
+        assert not listener.commands
+        assert listener.wait(lambda: any("finger gap" in l.msg and "joint_states" in l.msg and l.level == 30
+                                         for l in listener.logs), 3.0), [l.msg for l in listener.logs]  # fmt: skip
+        for k in range(6, 12):
+            t = listener.publish_set(k)
+            pub_joints.publish(joints(t, ["panda_finger_joint1", "panda_finger_joint2"]))
+            time.sleep(0.12)
+        assert listener.wait(lambda: len(listener.commands) >= 2, 5.0)
+        assert node._gap is not None and node._gap[1] == pytest.approx(0.06)
+    finally:
+        listener.executor.remove_node(node)
+        node.destroy_node()

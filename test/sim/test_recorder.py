@@ -81,11 +81,12 @@ def test_mcap_export_reads_back(tmp_path: Path) -> None:
     ep = make_episode(T=5, size=6)
     bag = tmp_path / "demo_0"
     n = export_mcap(ep, bag)
-    assert n == 1 + 5 * 4 + 1
+    assert n == 1 + 5 * 5 + 1
     assert list(bag.glob("*.mcap")) and (bag / "metadata.yaml").is_file()
     topics = BagTopics()
     msgs = read_mcap(bag)
-    assert set(msgs) == {t for _, t in topics.images} | {topics.ee_pose, topics.instruction, topics.episode_result, topics.command}
+    assert set(msgs) == {t for _, t in topics.images} | {topics.ee_pose, topics.joint_states, topics.instruction,
+                                                         topics.episode_result, topics.command}
     (_, instr), = msgs[topics.instruction]
     assert instr.data == "pick up the soup"
     stamps = [s for s, _ in msgs["/agentview/image_raw"]]
@@ -96,6 +97,9 @@ def test_mcap_export_reads_back(tmp_path: Path) -> None:
     _, pose = msgs[topics.ee_pose][2]
     assert pose.header.frame_id == topics.frame_id
     assert [pose.pose.position.x, pose.pose.position.y, pose.pose.position.z] == pytest.approx(ep.ee_pos[2].tolist())
+    _, fingers = msgs[topics.joint_states][3]
+    assert list(fingers.name) == list(topics.finger_joints) and fingers.header.stamp == msgs[topics.ee_pose][3][1].header.stamp
+    np.testing.assert_allclose(fingers.position, ep.gripper_qpos[3])
     _, cmd = msgs[topics.command][4]
     assert cmd.step_id == 4 and cmd.gripper == pytest.approx(ep.actions[4, 6])
     np.testing.assert_allclose(np.r_[cmd.delta_position, cmd.delta_rotation], ep.actions[4, :6])
@@ -114,6 +118,8 @@ def test_mcap_topics_match_policy_yaml() -> None:
     absolute = lambda name: name if name.startswith("/") else "/" + name  # noqa: E731
     assert [t for _, t in topics.images] == [absolute(t) for t in params["image_topics"]]
     assert topics.ee_pose == absolute(params["pose_topic"])
+    assert topics.joint_states == absolute(params["joint_states_topic"])
+    assert list(topics.finger_joints) == params["finger_joints"]
     assert topics.instruction == absolute(params["instruction_topic"])
     assert topics.episode_result == absolute(params["episode_result_topic"])
     assert topics.command == absolute(params["command_topic"])
