@@ -140,7 +140,10 @@ def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
     for k in range(cfg.libero_init_state, max(EVAL_INIT_STATES) + 1):
         bag = DEMO_BAGS / f"{cfg.libero_suite}_task{cfg.libero_task}_init{k}"
         if (bag / "metadata.yaml").is_file():
-            return bag, _bag_steps(bag)
+            if "/joint_states" in _bag_counts(bag):
+                return bag, _bag_steps(bag)
+            say(f"      {bag} was recorded before bags carried /joint_states (the finger gap): recording it again")
+            shutil.rmtree(bag)
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     from heisd_ros.sim.expert import WaypointExpert
@@ -188,12 +191,16 @@ def ensure_task_db(cfg: DemoConfig, say=print) -> None:
     tmp.rename(cfg.db_path)
 
 
-def _bag_steps(bag: Path) -> int:
+def _bag_counts(bag: Path) -> dict[str, int]:
+    """Topic -> message count from the bag's metadata.yaml."""
     import yaml
 
     meta = yaml.safe_load((bag / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
-    counts = {t["topic_metadata"]["name"]: t["message_count"] for t in meta["topics_with_message_count"]}
-    return int(counts.get("/ee_pose", 0))
+    return {t["topic_metadata"]["name"]: t["message_count"] for t in meta["topics_with_message_count"]}
+
+
+def _bag_steps(bag: Path) -> int:
+    return int(_bag_counts(bag).get("/ee_pose", 0))
 
 
 def run(cfg: DemoConfig, say=print) -> dict:

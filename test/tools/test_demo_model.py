@@ -58,12 +58,35 @@ def test_libero_bag_is_reused(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     bag = tmp_path / demo.DEMO_BAGS / "libero_object_task0_init41"
     bag.mkdir(parents=True)
-    (bag / "metadata.yaml").write_text(
-        "rosbag2_bagfile_information:\n  topics_with_message_count:\n"
-        "    - topic_metadata: {name: /ee_pose}\n      message_count: 117\n"
-        "    - topic_metadata: {name: /instruction}\n      message_count: 1\n")
+    meta = ("rosbag2_bagfile_information:\n  topics_with_message_count:\n"
+            "    - topic_metadata: {name: /ee_pose}\n      message_count: 117\n"
+            "    - topic_metadata: {name: /instruction}\n      message_count: 1\n")
+    (bag / "metadata.yaml").write_text(meta + "    - topic_metadata: {name: /joint_states}\n      message_count: 117\n")
     path, steps = libero_bag(DemoConfig(libero_init_state=40), say=lambda m: None)
     assert path == demo.DEMO_BAGS / "libero_object_task0_init41" and steps == 117
+
+
+def test_a_cached_bag_without_the_finger_joints_is_recorded_again(tmp_path, monkeypatch) -> None:
+    """Bags cached before the export carried /joint_states would starve a model that reads the gap."""
+    import heisd_ros.sim.libero_env as libero_env
+
+    class Recording(Exception):
+        pass
+
+    def no_sim(*args, **kwargs):
+        raise Recording
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(libero_env, "LiberoEnv", no_sim)
+    bag = tmp_path / demo.DEMO_BAGS / "libero_object_task0_init40"
+    bag.mkdir(parents=True)
+    (bag / "metadata.yaml").write_text(
+        "rosbag2_bagfile_information:\n  topics_with_message_count:\n"
+        "    - topic_metadata: {name: /ee_pose}\n      message_count: 117\n")
+    said = []
+    with pytest.raises(Recording):
+        libero_bag(DemoConfig(libero_init_state=40), say=said.append)
+    assert not bag.exists() and any("/joint_states" in m for m in said)
 
 
 def _fake_published(root: Path) -> None:
