@@ -187,6 +187,9 @@ class BagTopicNames:
     ee_pose: str = "/ee_pose"
     instruction: str = "/instruction"
     command: str = "/arm_command"
+    joint_states: str = "/joint_states"
+    """Optional: the finger joints, for models that read the finger gap (older bags lack it)."""
+    finger_joints: tuple[str, str] = ("panda_finger_joint1", "panda_finger_joint2")
     max_skew_s: float = 0.025
     """Largest |stamp difference| between a command and the image/pose it is paired with."""
 
@@ -241,7 +244,7 @@ def load_bag_episode(bag: str | Path, dataset: str, topics: BagTopicNames = BagT
     from heisd_ros.sim.recorder import bag_typestore
 
     bag = Path(bag)
-    wanted = {t for _, t in topics.images} | {topics.ee_pose, topics.instruction, topics.command}
+    wanted = {t for _, t in topics.images} | {topics.ee_pose, topics.instruction, topics.command, topics.joint_states}
     streams: dict[str, list[tuple[int, Any]]] = {t: [] for t in wanted}
     try:
         with AnyReader([bag], default_typestore=bag_typestore()) as reader:
@@ -263,7 +266,9 @@ def load_bag_episode(bag: str | Path, dataset: str, topics: BagTopicNames = BagT
         if not s:
             raise DemoDataError(f"{bag}: no message on {t}")
     stamp_arrays = {t: np.array([x[0] for x in s], dtype=np.int64) for t, s in series.items()}
-    actions, poses, frames = [], [], {v: [] for v, _ in topics.images}
+    fingers = _finger_series(streams[topics.joint_states], topics.finger_joints)
+    finger_stamps = np.array([s for s, _ in fingers], dtype=np.int64)
+    actions, poses, frames, finger_rows = [], [], {v: [] for v, _ in topics.images}, []
     for stamp, cmd in commands:
         picks = {t: _nearest(stamp_arrays[t], stamp) for t in series}
         if any(abs(int(stamp_arrays[t][i]) - stamp) > skew for t, i in picks.items()):
@@ -273,10 +278,26 @@ def load_bag_episode(bag: str | Path, dataset: str, topics: BagTopicNames = BagT
         poses.append([p.x, p.y, p.z])
         for view, topic in topics.images:
             frames[view].append(_image_array(series[topic][picks[topic]][1]))
+        j = _nearest(finger_stamps, stamp) if len(fingers) else -1
+        finger_rows.append(fingers[j][1] if j >= 0 and abs(int(finger_stamps[j]) - stamp) <= skew else None)
     if not actions:
         raise DemoDataError(f"{bag}: no command could be paired with images and a pose within {topics.max_skew_s} s")
+    # the finger positions only where every kept step has them: a partial series would silently
+    # mix measured and missing gaps
+    qpos = np.asarray(finger_rows, float) if all(r is not None for r in finger_rows) else None
     return DemoEpisode(dataset, instruction, instruction, _bag_episode_number(bag), str(bag),
-                       np.stack(actions), np.asarray(poses, float), {v: np.stack(f) for v, f in frames.items()})
+                       np.stack(actions), np.asarray(poses, float), {v: np.stack(f) for v, f in frames.items()},
+                       gripper_qpos=qpos)
+
+
+def _finger_series(messages: list[tuple[int, Any]], names: tuple[str, str]) -> list[tuple[int, np.ndarray]]:
+    """(stamp, [q1, q2]) of the JointState messages that name both finger joints, by stamp."""
+    out = []
+    for stamp, msg in messages:
+        listed = list(msg.name)
+        if all(n in listed for n in names) and len(msg.position) == len(listed):
+            out.append((stamp, np.array([float(msg.position[listed.index(n)]) for n in names])))
+    return sorted(out, key=lambda x: x[0])
 
 
 def scan_bags(bags: str | Path, dataset: str) -> list[EpisodeRef]:

@@ -370,3 +370,21 @@ def test_build_db_query_views_1_pools_the_primary_view_and_the_policy_follows(ar
     policy.store.close()
     with pytest.raises(DatabaseUnavailableError, match="--query-views 2"):
         load_policy(paths, DecoderConfig(method="retrieval", retrieval=RetrievalConfig(query_views=2)))
+
+
+def test_bag_episodes_carry_the_finger_joints(tmp_path) -> None:
+    """A model that reads the finger gap can be trained / indexed from bags as from HDF5."""
+    from types import SimpleNamespace
+
+    from heisd_ros.models.libero_data import _finger_series, load_bag_episode
+
+    ep = make_episode(3, size=16)
+    ep.gripper_qpos[:] = np.linspace([0.04, -0.04], [0.01, -0.01], T)
+    export_mcap(ep, tmp_path / "demo_0")
+    loaded = load_bag_episode(tmp_path / "demo_0", "bags")
+    np.testing.assert_allclose(loaded.gripper_qpos, ep.gripper_qpos)
+    assert loaded.finger_gap(0) == pytest.approx(0.08) and loaded.finger_gap(T - 1) == pytest.approx(0.02)
+    arm = SimpleNamespace(name=["panda_joint1"], position=[0.3])
+    hand = SimpleNamespace(name=["panda_finger_joint2", "panda_finger_joint1"], position=[0.02, 0.03])
+    (stamp, q), = _finger_series([(5, arm), (7, hand)], ("panda_finger_joint1", "panda_finger_joint2"))
+    assert stamp == 7 and q.tolist() == [0.03, 0.02]  # by name, not by order; arm-only messages skipped
