@@ -670,7 +670,7 @@ def test_launch_file_builds_node_with_params_and_remappings(monkeypatch):
     assert {"params_file", "namespace", "use_sim_time"} <= declared
     remapped = {src for src, _ in node.kwargs["remappings"]}
     defaults = NodeConfig(model_dir="x")
-    assert set(defaults.image_topics) | {defaults.pose_topic, defaults.instruction_topic,
+    assert set(defaults.image_topics) | {defaults.pose_topic, defaults.joint_states_topic, defaults.instruction_topic,
                                          defaults.episode_result_topic, defaults.command_topic,
                                          defaults.stats_topic, defaults.twist_topic, defaults.gripper_topic} == remapped
     assert {arg.args[0] for _, arg in node.kwargs["remappings"]} <= declared
