@@ -24,9 +24,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nn_closed_loop import demo_table  # noqa: E402
+from nn_closed_loop import closed_loop, demo_table  # noqa: E402
 
-from heisd_ros.core.gripper import GripperDebounce  # noqa: E402
 from heisd_ros.tools.gen_demos import parse_range  # noqa: E402
 
 BINS = 256
@@ -80,8 +79,6 @@ def train(x: np.ndarray, y: np.ndarray, hidden: int, steps: int, seed: int) -> t
 
 
 def run(args) -> dict:
-    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
-
     torch.set_num_threads(1)
     encode, decode = bins_codec(args.stats)
     episodes, fits = [], {}
@@ -90,23 +87,13 @@ def run(args) -> dict:
         mu, sd = x.mean(0), x.std(0) + 1e-6
         net, loss, acc = train(features(x, mu, sd, args.octaves), encode(a), args.hidden, args.steps, args.seed)
         fits[task] = {"final_loss": round(loss, 4), "train_accuracy_per_dim": acc}
-        env = LiberoEnv(LiberoEnvConfig(suite=args.suite, task_index=task, views=("agentview",)))
-        try:
-            for init in parse_range(args.init_states):
-                obs, ok = env.reset(init), False
-                gripper = GripperDebounce(0)
-                for t in range(args.max_steps):
-                    with torch.no_grad():
-                        logits = net(torch.from_numpy(features(feat(env, obs, gripper.dwell)[None], mu, sd, args.octaves)))
-                    action = decode(logits.view(7, BINS).argmax(-1).numpy())
-                    gripper(float(action[6]))
-                    obs, ok = env.step(action, render=False)
-                    if ok:
-                        break
-                episodes.append({"task": task, "init_state": init, "success": bool(ok), "steps": t + 1})
-                print(json.dumps(episodes[-1]), file=sys.stderr, flush=True)
-        finally:
-            env.close()
+
+        def greedy(env, obs, dwell, net=net, feat=feat, mu=mu, sd=sd):
+            with torch.no_grad():
+                logits = net(torch.from_numpy(features(feat(env, obs, dwell)[None], mu, sd, args.octaves)))
+            return decode(logits.view(7, BINS).argmax(-1).numpy())
+
+        episodes += closed_loop(args.suite, task, args.init_states, args.max_steps, greedy)
     wins = sum(e["success"] for e in episodes)
     return {"command": " ".join(sys.argv), "demos": args.demos, "features": args.features, "octaves": args.octaves,
             "hidden": args.hidden, "train_steps": args.steps, "seed": args.seed, "max_steps": args.max_steps,

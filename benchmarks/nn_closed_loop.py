@@ -69,27 +69,39 @@ def demo_table(demos: Path, task: int, features: str, gap_weight: float):
     return (x[:, live] - mu[live]) / sd[live], a, lambda env, obs, dwell: (env.get_state()[live] - mu[live]) / sd[live]
 
 
-def run(args) -> dict:
+def closed_loop(suite: str, task: int, init_states: str, max_steps: int, act) -> list[dict]:
+    """Run `act(env, obs, gripper_dwell) -> action [7]` from each init state of one task, no
+    rendering; one record per episode (also printed to stderr as it ends)."""
     from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
 
     episodes = []
+    env = LiberoEnv(LiberoEnvConfig(suite=suite, task_index=task, views=("agentview",)))
+    try:
+        for init in parse_range(init_states):
+            obs, ok = env.reset(init), False
+            gripper = GripperDebounce(0)  # the node's own count of executed gripper commands
+            for t in range(max_steps):
+                action = act(env, obs, gripper.dwell)
+                gripper(float(action[6]))
+                obs, ok = env.step(action, render=False)
+                if ok:
+                    break
+            episodes.append({"task": task, "init_state": init, "success": bool(ok), "steps": t + 1})
+            print(json.dumps(episodes[-1]), file=sys.stderr, flush=True)
+    finally:
+        env.close()
+    return episodes
+
+
+def run(args) -> dict:
+    episodes = []
     for task in parse_range(args.tasks):
         x, a, feat = demo_table(Path(args.demos), task, args.features, args.gap_weight)
-        env = LiberoEnv(LiberoEnvConfig(suite=args.suite, task_index=task, views=("agentview",)))
-        try:
-            for init in parse_range(args.init_states):
-                obs, ok = env.reset(init), False
-                gripper = GripperDebounce(0)  # the node's own count of executed gripper commands
-                for t in range(args.max_steps):
-                    action = a[np.argmin(((x - feat(env, obs, gripper.dwell)) ** 2).sum(1))]
-                    gripper(float(action[6]))
-                    obs, ok = env.step(action, render=False)
-                    if ok:
-                        break
-                episodes.append({"task": task, "init_state": init, "success": bool(ok), "steps": t + 1})
-                print(json.dumps(episodes[-1]), file=sys.stderr, flush=True)
-        finally:
-            env.close()
+
+        def nearest(env, obs, dwell, x=x, a=a, feat=feat):
+            return a[np.argmin(((x - feat(env, obs, dwell)) ** 2).sum(1))]
+
+        episodes += closed_loop(args.suite, task, args.init_states, args.max_steps, nearest)
     wins = sum(e["success"] for e in episodes)
     return {"demos": args.demos, "features": args.features, "gap_weight": args.gap_weight,
             "max_steps": args.max_steps, "success": wins, "episodes_run": len(episodes),

@@ -14,6 +14,10 @@ import numpy as np
 from heisd_ros.core.types import gripper_command
 
 
+PANDA_FINGER_JOINTS = ("panda_finger_joint1", "panda_finger_joint2")
+"""The finger joints of a Franka hand in joint_states (and in the bags `heisd gen-demos` exports)."""
+
+
 def finger_gap(finger_positions) -> float:
     """Finger joint positions (m, two prismatic fingers) -> the opening between the fingers (m).
 

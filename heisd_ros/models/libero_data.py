@@ -20,8 +20,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.errors import DataFileError, HeisdError
+from heisd_ros.core.gripper import PANDA_FINGER_JOINTS, finger_gap
 from heisd_ros.data_checks import check_demo_hdf5
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class BagTopicNames:
     command: str = "/arm_command"
     joint_states: str = "/joint_states"
     """Optional: the finger joints, for models that read the finger gap (older bags lack it)."""
-    finger_joints: tuple[str, str] = ("panda_finger_joint1", "panda_finger_joint2")
+    finger_joints: tuple[str, str] = PANDA_FINGER_JOINTS
     max_skew_s: float = 0.025
     """Largest |stamp difference| between a command and the image/pose it is paired with."""
 

@@ -74,9 +74,10 @@ class VLAConfig:
     command comes next."""
     proprio_gripper_gap: bool = False
     """The state token also reads the opening between the fingers (m), as gap / GAP_SCALE_M. Closed
-    loop, the end-effector position plus this gap is what a lookup table over the demos needs to
-    solve half of LIBERO-Object, where the dwell count solves a fifth (NOTES 38, 43): the gap says
-    whether the fingers are open, closing, or holding something, which no count of commands does."""
+    loop, a lookup table over the demos on the end-effector position plus this gap solves half of
+    LIBERO-Object, on position plus the dwell count a fifth (NOTES 38): the gap says whether the
+    fingers are open, closing, or holding something. (Learned state policies do not separate the
+    two within their seed spread, NOTES 43.)"""
     proprio_fourier: int = 0
     """> 0: the state token also reads sin and cos of the normalised position at this many
     octaves (2^k * pi * x, k < n). A linear token moves by 0.1 of its unit per centimetre, which

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from heisd_ros.core.config import DecoderConfig, StoreConfig, from_dict
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
 
 
@@ -49,7 +50,7 @@ class NodeConfig:
     joint_states_topic: str = "joint_states"
     """sensor_msgs/JointState with the gripper's finger joints; subscribed only when the model's state
     token reads the finger gap (`proprio_gripper_gap`)."""
-    finger_joints: tuple[str, ...] = ("panda_finger_joint1", "panda_finger_joint2")
+    finger_joints: tuple[str, ...] = PANDA_FINGER_JOINTS
     """The two finger joint names in joint_states; gap = |q1| + |q2| (m)."""
     instruction_topic: str = "instruction"
     """std_msgs/String task instruction (latched: reliable, transient-local); a change resets the episode."""

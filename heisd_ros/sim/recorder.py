@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import HeisdError
+from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.sim.expert import rotation_error
 
 HDF5_VIEWS: dict[str, str] = {"agentview": "agentview_rgb", "wrist": "eye_in_hand_rgb"}
@@ -224,7 +225,7 @@ class BagTopics:
     ee_pose: str = "/ee_pose"
     joint_states: str = "/joint_states"
     """The finger joints (sensor_msgs/JointState), for models whose state token reads the finger gap."""
-    finger_joints: tuple[str, str] = ("panda_finger_joint1", "panda_finger_joint2")
+    finger_joints: tuple[str, str] = PANDA_FINGER_JOINTS
     instruction: str = "/instruction"
     episode_result: str = "/episode_result"
     command: str = "/arm_command"

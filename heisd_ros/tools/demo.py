@@ -140,7 +140,9 @@ def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
     for k in range(cfg.libero_init_state, max(EVAL_INIT_STATES) + 1):
         bag = DEMO_BAGS / f"{cfg.libero_suite}_task{cfg.libero_task}_init{k}"
         if (bag / "metadata.yaml").is_file():
-            if "/joint_states" in _bag_counts(bag):
+            from heisd_ros.sim.recorder import BagTopics
+
+            if BagTopics().joint_states in _bag_counts(bag):
                 return bag, _bag_steps(bag)
             say(f"      {bag} was recorded before bags carried /joint_states (the finger gap): recording it again")
             shutil.rmtree(bag)
