@@ -92,12 +92,16 @@ class _Node:
 class DrafterSession:
     """The drafter's KV cache for one control step, and EAGLE-2 tree expansion."""
 
-    def __init__(self, drafter: EagleDrafter, target_embed: nn.Embedding, head_weight: torch.Tensor) -> None:
+    def __init__(self, drafter: EagleDrafter, target_embed: nn.Embedding, head_weight: torch.Tensor,
+                 logit_bias: torch.Tensor | None = None) -> None:
         from transformers import DynamicCache
 
         self.drafter = drafter
         self.embed = target_embed
         self.head_weight = head_weight
+        self.logit_bias = logit_bias
+        """[7, 256]: the verifier's per-action-index bias (`TargetSession.logit_bias`), added here
+        too so the drafter proposes what the verifier will pick."""
         self.cache = DynamicCache(config=drafter.config)
         self.length = 0
 
@@ -114,22 +118,23 @@ class DrafterSession:
         return out[0, -1]
 
     @torch.inference_mode()
-    def expand(self, root_hidden: torch.Tensor, depth: int, cfg: DrafterTreeConfig) -> DraftTree:
+    def expand(self, root_hidden: torch.Tensor, depth: int, cfg: DrafterTreeConfig, action_index: int = 0) -> DraftTree:
         """EAGLE-2 dynamic tree below the pending token, whose pair was the last one committed.
 
         root_hidden [D]: the drafter's output for that pair (`extend`'s return value). Each depth
         expands the `top_k` best frontier nodes by cumulative log-probability into their `top_k`
         best children; finally the `total_tokens` best nodes overall are kept (a child never
         outscores its parent, so kept nodes' ancestors are kept too). Temporary cache entries of
-        expanded nodes are dropped at the end.
+        expanded nodes are dropped at the end. `action_index`: the action dimension of the root's
+        children (read only where a logit bias is set).
         """
         base = self.length
         nodes: list[_Node] = []
         hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}  # drafter output per expanded node
-        frontier = self._children(root_hidden[None], [-1], [0.0], cfg.top_k, nodes)
+        frontier = self._children(root_hidden[None], [-1], [0.0], cfg.top_k, nodes, action_index)
         slot = base
         min_score = math.log(cfg.min_path_prob) if cfg.min_path_prob > 0 else -math.inf
-        for _ in range(1, depth):
+        for level in range(1, depth):
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: cfg.top_k]
             if nodes[frontier[0]].score < min_score:
                 break
@@ -141,14 +146,19 @@ class DrafterSession:
             out = self._run(parents, self.embed(tokens), [self._ancestor_slots(nodes, i) for i in frontier], base)
             for row, i in enumerate(frontier):
                 hidden_of[i] = out[row]
-            frontier = self._children(out, frontier, [nodes[i].score for i in frontier], cfg.top_k, nodes)
+            frontier = self._children(out, frontier, [nodes[i].score for i in frontier], cfg.top_k, nodes,
+                                      action_index + level)
         compact_cache(self.cache, base, [])
         keep = sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: cfg.total_tokens]
         return _to_tree(nodes, set(keep))
 
-    def _children(self, hidden: torch.Tensor, parents: list[int], scores: list[float], k: int, nodes: list[_Node]) -> list[int]:
+    def _children(self, hidden: torch.Tensor, parents: list[int], scores: list[float], k: int, nodes: list[_Node],
+                  action_index: int = 0) -> list[int]:
         """Top-k children of each row of hidden [R, D] (one batched head + top-k for all rows)."""
-        logp = torch.log_softmax((hidden @ self.head_weight.T).float(), dim=-1)
+        logits = (hidden @ self.head_weight.T).float()
+        if self.logit_bias is not None:
+            logits = logits + self.logit_bias[min(action_index, self.logit_bias.shape[0] - 1)].to(logits.device)
+        logp = torch.log_softmax(logits, dim=-1)
         top = torch.topk(logp, k, dim=-1)
         first = self.embed.num_embeddings - 256
         out = []

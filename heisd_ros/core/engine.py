@@ -64,6 +64,14 @@ def prompt_patches(vla, patches: torch.Tensor) -> torch.Tensor:
     return patches[:n].flatten(0, 1)
 
 
+def action_logit_bias(vla, obs: Observation) -> torch.Tensor | None:
+    """The model's state prior for this observation [7, 256] (None: no prior, or not this task)."""
+    prior = getattr(vla, "state_prior", None)
+    if prior is None:
+        return None
+    return prior.bias(obs.instruction, obs.ee_pos, obs.gripper_gap)
+
+
 class _StepDecode:
     """Token state of one control step: fixed tokens, the features that produced them, caches."""
 
@@ -85,8 +93,8 @@ class _StepDecode:
         """One target forward (the prefill if nothing is cached yet), acceptance and cache commit."""
         prefill = self.target.length == 0
         chain = self.prompt if prefill else self.target.token_embeds([self.tokens[-1]])
-        res = self.target.forward(chain, tree)
         start = len(self.tokens)
+        res = self.target.forward(chain, tree, action_index=start)
         if tree is not None and len(tree):
             draft_bins = vocab_size - np.asarray(tree.tokens)
             acc = walk_tree(tree, int(res.bins[0]), res.bins[1:].cpu().numpy(), draft_bins, start, rule)
@@ -114,7 +122,7 @@ class _StepDecode:
         yields the tree's root; then one call per further depth)."""
         root = self.drafter.extend(torch.stack(self._pair_feats), torch.stack(self._pair_embeds))
         self._pair_feats, self._pair_embeds = [], []
-        return self.drafter.expand(root, depth, cfg)
+        return self.drafter.expand(root, depth, cfg, action_index=len(self.tokens))
 
 
 def nearest_in_position(hits: list[Hit], ee_pos: np.ndarray, k: int) -> list[Hit]:
@@ -162,8 +170,10 @@ class HybridDecoder:
 
     @property
     def reads_finger_gap(self) -> bool:
-        """Whether every observation must carry `gripper_gap` (the model's state token reads it)."""
-        return bool(getattr(getattr(self.vla, "cfg", None), "proprio_gripper_gap", False))
+        """Whether every observation must carry `gripper_gap` (the model's state token or its
+        state prior reads it)."""
+        return (bool(getattr(getattr(self.vla, "cfg", None), "proprio_gripper_gap", False))
+                or getattr(self.vla, "state_prior", None) is not None)
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, instruction: str | None = None) -> None:
@@ -301,10 +311,11 @@ class HybridDecoder:
                                             prev_gripper=self.last_gripper_command,
                                             gripper_dwell=self.gripper.dwell,
                                             gripper_gap=obs.gripper_gap)[0]
-        target = TargetSession(self.vla.language_model, self.head)
+            bias = action_logit_bias(self.vla, obs)
+        target = TargetSession(self.vla.language_model, self.head, logit_bias=bias)
         drafter = None
         if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:
-            drafter = DrafterSession(self.drafter, self.vla.get_input_embeddings(), self.head)
+            drafter = DrafterSession(self.drafter, self.vla.get_input_embeddings(), self.head, logit_bias=bias)
         return _StepDecode(target, drafter, prompt)
 
     def _finish(self, decode: _StepDecode, st: StepStats, lat: dict) -> None:

@@ -88,11 +88,15 @@ def compact_cache(cache, keep: int, extra: list[int]) -> None:
 class TargetSession:
     """The target LLM's KV cache for one control step; `length` = positions committed so far."""
 
-    def __init__(self, language_model, head_weight: torch.Tensor) -> None:
+    def __init__(self, language_model, head_weight: torch.Tensor, logit_bias: torch.Tensor | None = None) -> None:
         from transformers import DynamicCache
 
         self.lm = language_model
         self.head_weight = head_weight  # [256, D]; column j of the logits is bin 256 - j
+        self.logit_bias = logit_bias
+        """[7, 256] added to the action logits predicting action index i (row i), in column order:
+        the model's state prior (`models.state_prior`), fixed for the step. Every method decodes
+        through this one argmax, so the bias changes the policy, never the SD/AR agreement."""
         self.embed = language_model.get_input_embeddings()
         self.cache = DynamicCache(config=language_model.config)
         self.length = 0
@@ -104,8 +108,11 @@ class TargetSession:
         return self.embed(torch.tensor(tokens, device=self.head_weight.device))
 
     @torch.inference_mode()
-    def forward(self, chain_embeds: torch.Tensor, tree: DraftTree | None = None) -> ForwardResult:
-        """chain_embeds [L, D] (+ tree) through the LLM; the cache grows by L + N (see `commit`)."""
+    def forward(self, chain_embeds: torch.Tensor, tree: DraftTree | None = None, action_index: int = 0) -> ForwardResult:
+        """chain_embeds [L, D] (+ tree) through the LLM; the cache grows by L + N (see `commit`).
+
+        action_index: which action dimension the chain's last position predicts (tree node at
+        depth d predicts action_index + d); read only where a logit bias is set."""
         t0 = time.perf_counter()
         chain = chain_embeds.shape[0]
         embeds = chain_embeds
@@ -116,7 +123,12 @@ class TargetSession:
         self.forwards += 1
         self._pending = chain
         hidden = last[chain - 1 :]
-        bins = 256 - (hidden @ self.head_weight.T).argmax(dim=-1)
+        logits = hidden @ self.head_weight.T
+        if self.logit_bias is not None:
+            depths = torch.tensor([0] + (list(tree.depths) if tree is not None else []), device=logits.device)
+            rows = (action_index + depths).clamp(max=self.logit_bias.shape[0] - 1)
+            logits = logits.float() + self.logit_bias.to(logits.device)[rows]
+        bins = 256 - logits.argmax(dim=-1)
         if bins.device.type == "cuda":
             torch.cuda.synchronize(bins.device)
         self.forward_ms.append((time.perf_counter() - t0) * 1e3)

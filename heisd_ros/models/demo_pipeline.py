@@ -308,9 +308,11 @@ def hash_file(path: str | Path, h=None):
 
 
 def model_digest(model_dir: str | Path) -> str:
-    """sha256 (first 16 hex) of a saved model's config, statistics and weights."""
+    """sha256 (first 16 hex) of a saved model's config, statistics and weights (and its state
+    prior, which changes the greedy decodes cached under this digest)."""
     h = hashlib.sha256()
-    for name in ("config.json", "dataset_statistics.json", "model.safetensors"):
+    for name in ("config.json", "dataset_statistics.json", "model.safetensors", "state_prior.json",
+                 "state_prior.safetensors"):
         p = Path(model_dir) / name
         if p.is_file():
             hash_file(p, h)

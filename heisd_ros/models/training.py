@@ -244,6 +244,17 @@ def greedy_tokens(vla, examples: Sequence[Example], batch_size: int = 1, use_cac
     return [dataclasses.replace(ex, tokens=tokens[k]) for k, ex in enumerate(examples)]
 
 
+def prior_bias(vla, batch: Sequence[Example]) -> torch.Tensor | None:
+    """The model's state-prior bias of each example [B, 7, 256] (models/state_prior.py), or None."""
+    prior = getattr(vla, "state_prior", None)
+    if prior is None:
+        return None
+    rows = [prior.bias(ex.instruction, ex.state, ex.gripper_gap) for ex in batch]
+    if all(r is None for r in rows):
+        return None
+    return torch.stack([torch.zeros(ACTION_DIM, 256) if r is None else r for r in rows]).to(vla.device)
+
+
 def greedy_decode(
     vla, examples: Sequence[Example], batch_size: int = 1, use_cache: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -268,12 +279,16 @@ def greedy_decode(
                 cache = DynamicCache()
             tokens, producers = [], []
             step_in = embeds
-            for _ in range(ACTION_DIM):
+            bias = prior_bias(vla, batch)
+            for k in range(ACTION_DIM):
                 if use_cache:
                     h = lm(inputs_embeds=step_in, cache=cache, use_cache=True).last_hidden_state[:, -1]
                 else:
                     h = lm(inputs_embeds=embeds).last_hidden_state[:, -1]
-                tok = first + action_logits(vla, h).argmax(-1)  # [B]
+                logits = action_logits(vla, h)
+                if bias is not None:  # the engine's verifier adds the same bias (core/verifier.py)
+                    logits = logits.float() + bias[:, k]
+                tok = first + logits.argmax(-1)  # [B]
                 tokens.append(tok)
                 producers.append(h.float())
                 step_in = vla.get_input_embeddings()(tok)[:, None]

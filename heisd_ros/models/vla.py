@@ -160,6 +160,13 @@ class VLAModel(nn.Module):
         self.image_mean = 0.5
         self.image_std = 0.5
         self._prompt_cache: dict[str, tuple[int, ...]] = {}
+        self.attach_state_prior(None)
+
+    def attach_state_prior(self, prior) -> None:
+        """Give the policy a proprioceptive action prior (`models.state_prior.StatePrior`) or
+        remove it (None). Kept outside the module tree: it has its own file and its own float32
+        weights, and `model.safetensors` stays the OpenVLA-shaped checkpoint it always was."""
+        object.__setattr__(self, "state_prior", prior)
 
     # -- shapes -------------------------------------------------------------------------------
     @property
@@ -283,5 +290,7 @@ class VLAModel(nn.Module):
         if self.language_model.config.tie_word_embeddings:
             state.pop("language_model.lm_head.weight", None)
         save_file(state, str(d / "model.safetensors"))
+        if self.state_prior is not None:
+            self.state_prior.save(d)
         if self.cfg.tokenizer == "hf" and isinstance(self.text_tokenizer, HFTokenizer):
             self.text_tokenizer._tok.save_pretrained(str(d))

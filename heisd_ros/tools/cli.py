@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gen-demos": ("heisd_ros.tools.gen_demos", "generate scripted LIBERO demonstrations"),
     "dagger": ("heisd_ros.tools.dagger", "roll a VLA out in LIBERO and label its states with the expert"),
     "train-vla": ("heisd_ros.tools.train_vla", "train the mini VLA on the demonstrations"),
+    "train-prior": ("heisd_ros.tools.train_prior", "fit the proprioceptive action prior into a VLA copy"),
     "train-drafter": ("heisd_ros.tools.train_drafter", "train the EAGLE-style drafter head"),
     "build-db": ("heisd_ros.tools.build_db", "build the Qdrant demonstration database"),
     "calibrate": ("heisd_ros.tools.calibrate", "calibrate the fused metric and verify-skip thresholds"),
