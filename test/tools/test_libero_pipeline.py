@@ -388,3 +388,34 @@ def test_bag_episodes_carry_the_finger_joints(tmp_path) -> None:
     hand = SimpleNamespace(name=["panda_finger_joint2", "panda_finger_joint1"], position=[0.02, 0.03])
     (stamp, q), = _finger_series([(5, arm), (7, hand)], ("panda_finger_joint1", "panda_finger_joint2"))
     assert stamp == 7 and q.tolist() == [0.03, 0.02]  # by name, not by order; arm-only messages skipped
+
+
+def test_train_prior_writes_a_model_copy_that_decodes_with_the_prior(artifacts, demos, tmp_path) -> None:
+    """`heisd train-prior` smoke: the copy loads with its prior, the source stays prior-free, the
+    log records the fit, and the greedy cache is not shared with the prior-free model."""
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.core.errors import ConfigError
+    from heisd_ros.core.types import Observation
+    from heisd_ros.models.demo_pipeline import model_digest
+    from heisd_ros.models.libero_data import load_episode, scan_hdf5
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.tools import train_prior
+
+    out = tmp_path / "with_prior"
+    assert train_prior.main(["--model", str(artifacts["model"]), "--demos", str(demos), "--out", str(out),
+                             "--steps", "50", "--hidden", "16", "--no-progress"]) == 0
+    log = json.loads((out / "state_prior_log.json").read_text())
+    assert log["episodes"] == 2 and list(log["fit"]) == [INSTRUCTION]
+    assert log["fit"][INSTRUCTION]["samples"] == 2 * T and log["git_revision"]
+    vla = load_vla(out)
+    assert vla.state_prior is not None and load_vla(artifacts["model"]).state_prior is None
+    assert model_digest(out) != model_digest(artifacts["model"])
+    ep = load_episode(scan_hdf5(demos)[0])
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    obs = Observation({v: ep.images[v][0] for v in ("agentview", "wrist")}, ep.instruction, ep.ee_pos[0],
+                      gripper_gap=ep.finger_gap(0))
+    _, st = ar.step(obs)
+    assert len(st.tokens) == 7
+    with pytest.raises(ConfigError, match="differ"):
+        train_prior.main(["--model", str(out), "--demos", str(demos), "--out", str(out), "--no-progress"])
