@@ -111,7 +111,9 @@ class StatePrior(nn.Module):
         meta = {"config": dataclasses.asdict(self.cfg), "tasks": self.tasks,
                 "mean": self.mean.tolist(), "std": self.std.tolist()}
         (d / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
-        save_file({k: v.detach().float().contiguous() for k, v in self.state_dict().items()}, str(d / WEIGHTS_FILE))
+        # bfloat16 on disk: half the size of a committed policy; the prior still runs in float32.
+        save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()},
+                  str(d / WEIGHTS_FILE))
 
 
 def load_state_prior(directory: str | Path) -> StatePrior | None:
@@ -125,7 +127,7 @@ def load_state_prior(directory: str | Path) -> StatePrior | None:
     try:
         meta = json.loads((d / CONFIG_FILE).read_text())
         prior = StatePrior(StatePriorConfig(**meta["config"]), meta["tasks"], np.array(meta["mean"]), np.array(meta["std"]))
-        state = load_file(str(d / WEIGHTS_FILE))
+        state = {k: v.float() for k, v in load_file(str(d / WEIGHTS_FILE)).items()}
         prior.load_state_dict(state, strict=True)
     except (OSError, json.JSONDecodeError, KeyError, TypeError, SafetensorError, RuntimeError, ValueError) as err:
         raise ModelLoadError(f"corrupt state prior in {d}: {err}") from err
