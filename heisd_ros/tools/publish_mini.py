@@ -7,7 +7,8 @@ Usage:
 The pipeline's artifacts are git-ignored and take about an hour to rebuild (scripts/mini_pipeline.sh).
 This writes what a fresh clone needs to run the mini policy, small enough to commit:
 - `vla/`: the VLA in the on-disk form `load_vla` reads, weights rounded to bfloat16 (about half
-  the size; the node loads them into its configured dtype), with its train_log.json;
+  the size; the node loads them into its configured dtype), with its train_log.json and, for a
+  model with a state prior (`heisd train-prior`), the prior and its log;
 - `drafter/`: the drafter, bfloat16 likewise;
 - `calibration.json`: τ, min_S, O_dist (unchanged);
 - `manifest.json`: where each part came from (paths, sha256 digests, the git revision).
@@ -73,9 +74,9 @@ def publish(cfg: PublishConfig) -> dict:
     paths = published_paths(tmp)
     vla = load_vla(cfg.model, dtype="bfloat16")
     vla.save_pretrained(paths["model_dir"])
-    log = Path(cfg.model) / "train_log.json"
-    if log.is_file():
-        shutil.copy2(log, paths["model_dir"] / "train_log.json")
+    for name in ("train_log.json", "state_prior_log.json"):
+        if (Path(cfg.model) / name).is_file():
+            shutil.copy2(Path(cfg.model) / name, paths["model_dir"] / name)
     drafter = load_drafter(cfg.drafter, vla.language_model.config, torch.bfloat16)
     drafter.save(paths["drafter_dir"])
     shutil.copy2(cfg.calibration, paths["calibration_path"])
