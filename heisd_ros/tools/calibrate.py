@@ -5,6 +5,7 @@ Usage:
         --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR] [--dataset NAME] [--tasks 0-9]
         [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1]
         [--tau-rule balanced|cost] [--step-costs-from EVAL_LOG | --step-costs-ms D,RP,RF]
+        [--pin-tau T] [--pin-min-similarity S]
 
 Reads every point of the database (`heisd build-db --out`) and runs
 `heisd_ros.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
@@ -23,6 +24,11 @@ tau: `--tau-rule balanced` (default, DESIGN §5) separates passing from failing 
 step times of drafter mode and of retrieval mode when its drafts pass or fail
 (`--step-costs-from` an eval-libero log, or `--step-costs-ms`). Given costs, both taus and their
 expected step times are recorded in the file's meta either way.
+
+`--pin-tau` / `--pin-min-similarity` replace the fitted tau / min_S by a chosen value (and turn
+verify-skip on): an operating point picked from closed-loop runs rather than from the offline pass
+rates (benchmarks/NOTES.md 44). The fitted values stay in the file's meta (`pinned`), and the plots
+show the pinned ones.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import numpy as np
 import torch
 
 from heisd_ros.calibration import TAU_RULES
+from heisd_ros.core.config import VerifySkipConfig
 from heisd_ros.core.errors import CalibrationError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -68,9 +75,19 @@ class CalibrateConfig:
     """eval-libero log to measure step costs from (`eval_report.step_costs`)."""
     step_costs_ms: tuple[float, ...] = ()
     """drafter, retrieval-pass, retrieval-fail step times in ms (instead of a log)."""
+    pin_tau: float | None = None
+    """Use this tau instead of the fitted one (0 = retrieval mode on every step)."""
+    pin_min_similarity: float | None = None
+    """Use this verify-skip min_S instead of the fitted one (turns verify-skip on)."""
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if self.pin_tau is not None and not (np.isfinite(self.pin_tau) and self.pin_tau >= 0):
+            raise ConfigError(f"pin_tau must be finite and >= 0, got {self.pin_tau}")
+        if self.pin_min_similarity is not None:
+            lo, hi = VerifySkipConfig().min_similarity_bounds
+            if not lo <= self.pin_min_similarity <= hi:
+                raise ConfigError(f"pin_min_similarity must be in [{lo}, {hi}], got {self.pin_min_similarity}")
         if self.neighbours < 1 or self.max_points < 1 or self.threads < 1:
             raise ConfigError("neighbours, max_points and threads must be >= 1")
         if self.dtype not in ("float32", "bfloat16"):
@@ -200,6 +217,7 @@ def run(cfg: CalibrateConfig) -> dict:
     t_cal = time.perf_counter()
     calib = calibrate(points, FusedMetricConfig(), neighbours=cfg.neighbours, max_points=cfg.max_points,
                       seed=cfg.seed, live_prev=live_prev, tau_rule=cfg.tau_rule, step_costs=cfg.costs())
+    pin_operating_point(calib, cfg.pin_tau, cfg.pin_min_similarity)
     calib["meta"].update(
         command="heisd calibrate", config=dataclasses.asdict(cfg), seed=cfg.seed, git_revision=git_revision(),
         live_features=len(live_prev) if live_prev is not None else 0,
@@ -215,6 +233,21 @@ def run(cfg: CalibrateConfig) -> dict:
     if applied.fused_metric.tau != calib["fused_metric"]["tau"]:
         raise CalibrationError(f"{cfg.out} does not apply to a DecoderConfig")
     return calib
+
+
+def pin_operating_point(calib: dict, tau: float | None, min_similarity: float | None) -> None:
+    """Replace the fitted tau / min_S by chosen values, keeping the fitted ones in meta["pinned"]."""
+    pinned = {}
+    if tau is not None:
+        pinned["tau"] = {"fitted": calib["fused_metric"]["tau"], "pinned": float(tau)}
+        calib["fused_metric"]["tau"] = float(tau)
+    if min_similarity is not None:
+        vs = calib["verify_skip"]
+        pinned["min_similarity"] = {"fitted": vs["min_similarity"], "pinned": float(min_similarity),
+                                    "fitted_enabled": vs["enabled"]}
+        vs["min_similarity"], vs["enabled"] = float(min_similarity), True
+    if pinned:
+        calib["meta"]["pinned"] = pinned
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau-rule", default=d.tau_rule, choices=TAU_RULES)
     p.add_argument("--step-costs-from", default="", help="eval-libero log (.jsonl/.jsonl.gz) to measure step costs from")
     p.add_argument("--step-costs-ms", default="", help="drafter,retrieval-pass,retrieval-fail step times in ms")
+    p.add_argument("--pin-tau", type=float, default=None, help="use this tau instead of the fitted one")
+    p.add_argument("--pin-min-similarity", type=float, default=None,
+                   help="use this verify-skip min_S instead of the fitted one (turns verify-skip on)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
