@@ -5,7 +5,7 @@ Usage:
         --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR] [--dataset NAME] [--tasks 0-9]
         [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1]
         [--tau-rule balanced|cost] [--step-costs-from EVAL_LOG | --step-costs-ms D,RP,RF]
-        [--pin-tau T] [--pin-min-similarity S]
+        [--pin-tau T] [--pin-min-similarity S] [--pin-max-consecutive-skips N]
 
 Reads every point of the database (`heisd build-db --out`) and runs
 `heisd_ros.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
@@ -26,7 +26,7 @@ step times of drafter mode and of retrieval mode when its drafts pass or fail
 expected step times are recorded in the file's meta either way.
 
 `--pin-tau` / `--pin-min-similarity` replace the fitted tau / min_S by a chosen value (and turn
-verify-skip on): an operating point picked from closed-loop runs rather than from the offline pass
+verify-skip on), `--pin-max-consecutive-skips` sets N_max: an operating point picked from closed-loop runs rather than from the offline pass
 rates (benchmarks/NOTES.md 44). The fitted values stay in the file's meta (`pinned`), and the plots
 show the pinned ones.
 """
@@ -79,6 +79,8 @@ class CalibrateConfig:
     """Use this tau instead of the fitted one (0 = retrieval mode on every step)."""
     pin_min_similarity: float | None = None
     """Use this verify-skip min_S instead of the fitted one (turns verify-skip on)."""
+    pin_max_consecutive_skips: int | None = None
+    """Write this N_max (skips in a row) into the file instead of the node's configured one."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -88,6 +90,8 @@ class CalibrateConfig:
             lo, hi = VerifySkipConfig().min_similarity_bounds
             if not lo <= self.pin_min_similarity <= hi:
                 raise ConfigError(f"pin_min_similarity must be in [{lo}, {hi}], got {self.pin_min_similarity}")
+        if self.pin_max_consecutive_skips is not None and not 0 <= self.pin_max_consecutive_skips <= 100:
+            raise ConfigError(f"pin_max_consecutive_skips must be in [0, 100], got {self.pin_max_consecutive_skips}")
         if self.neighbours < 1 or self.max_points < 1 or self.threads < 1:
             raise ConfigError("neighbours, max_points and threads must be >= 1")
         if self.dtype not in ("float32", "bfloat16"):
@@ -217,7 +221,7 @@ def run(cfg: CalibrateConfig) -> dict:
     t_cal = time.perf_counter()
     calib = calibrate(points, FusedMetricConfig(), neighbours=cfg.neighbours, max_points=cfg.max_points,
                       seed=cfg.seed, live_prev=live_prev, tau_rule=cfg.tau_rule, step_costs=cfg.costs())
-    pin_operating_point(calib, cfg.pin_tau, cfg.pin_min_similarity)
+    pin_operating_point(calib, cfg.pin_tau, cfg.pin_min_similarity, cfg.pin_max_consecutive_skips)
     calib["meta"].update(
         command="heisd calibrate", config=dataclasses.asdict(cfg), seed=cfg.seed, git_revision=git_revision(),
         live_features=len(live_prev) if live_prev is not None else 0,
@@ -235,8 +239,9 @@ def run(cfg: CalibrateConfig) -> dict:
     return calib
 
 
-def pin_operating_point(calib: dict, tau: float | None, min_similarity: float | None) -> None:
-    """Replace the fitted tau / min_S by chosen values, keeping the fitted ones in meta["pinned"]."""
+def pin_operating_point(calib: dict, tau: float | None, min_similarity: float | None,
+                        max_consecutive_skips: int | None = None) -> None:
+    """Replace the fitted tau / min_S (and N_max) by chosen values, keeping the fitted ones in meta["pinned"]."""
     pinned = {}
     if tau is not None:
         pinned["tau"] = {"fitted": calib["fused_metric"]["tau"], "pinned": float(tau)}
@@ -246,6 +251,9 @@ def pin_operating_point(calib: dict, tau: float | None, min_similarity: float | 
         pinned["min_similarity"] = {"fitted": vs["min_similarity"], "pinned": float(min_similarity),
                                     "fitted_enabled": vs["enabled"]}
         vs["min_similarity"], vs["enabled"] = float(min_similarity), True
+    if max_consecutive_skips is not None:
+        pinned["max_consecutive_skips"] = {"pinned": int(max_consecutive_skips)}
+        calib["verify_skip"]["max_consecutive_skips"] = int(max_consecutive_skips)
     if pinned:
         calib["meta"]["pinned"] = pinned
 
@@ -276,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin-tau", type=float, default=None, help="use this tau instead of the fitted one")
     p.add_argument("--pin-min-similarity", type=float, default=None,
                    help="use this verify-skip min_S instead of the fitted one (turns verify-skip on)")
+    p.add_argument("--pin-max-consecutive-skips", type=int, default=None,
+                   help="write this N_max (verify-skips in a row) into the calibration file")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

@@ -35,6 +35,15 @@ def test_pins_replace_fitted_values_and_keep_them_in_meta(tmp_path) -> None:
     assert cfg.verify_skip.max_distance_m == pytest.approx(0.0217)
 
 
+def test_pinned_n_max_reaches_the_decoder_config(tmp_path) -> None:
+    calib = copy.deepcopy(FITTED)
+    pin_operating_point(calib, None, 0.98, 6)
+    assert calib["verify_skip"]["max_consecutive_skips"] == 6
+    save_calibration(calib, tmp_path / "cal.json")
+    assert apply_calibration(DecoderConfig(), tmp_path / "cal.json").verify_skip.max_consecutive_skips == 6
+    assert DecoderConfig().verify_skip.max_consecutive_skips == 3
+
+
 def test_no_pins_change_nothing() -> None:
     calib = copy.deepcopy(FITTED)
     pin_operating_point(calib, None, None)
@@ -50,13 +59,15 @@ def test_only_tau_pinned_leaves_verify_skip_as_fitted() -> None:
 
 
 @pytest.mark.parametrize("kw", [{"pin_tau": -0.1}, {"pin_tau": float("nan")}, {"pin_min_similarity": 0.2},
-                                {"pin_min_similarity": 1.0}])
+                                {"pin_min_similarity": 1.0}, {"pin_max_consecutive_skips": -1},
+                                {"pin_max_consecutive_skips": 101}])
 def test_out_of_range_pins_are_refused(kw) -> None:
     with pytest.raises(ConfigError):
         CalibrateConfig(**kw)
 
 
 def test_cli_parses_the_pins() -> None:
-    args = build_parser().parse_args(["--pin-tau", "0", "--pin-min-similarity", "0.99"])
-    assert args.pin_tau == 0.0 and args.pin_min_similarity == 0.99
+    args = build_parser().parse_args(["--pin-tau", "0", "--pin-min-similarity", "0.99",
+                                      "--pin-max-consecutive-skips", "6"])
+    assert args.pin_tau == 0.0 and args.pin_min_similarity == 0.99 and args.pin_max_consecutive_skips == 6
     assert build_parser().parse_args([]).pin_tau is None
