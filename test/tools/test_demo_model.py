@@ -184,7 +184,8 @@ def test_committed_mini_policy_matches_its_manifest_and_decodes() -> None:
     drafter = load_drafter(paths["drafter_dir"], vla.language_model.config)
     rng = np.random.default_rng(0)
     obs = Observation({v: rng.integers(0, 255, (128, 128, 3), dtype=np.uint8) for v in ("agentview", "wrist")},
-                      "pick up the alphabet soup and place it in the basket", np.array([-0.1, 0.0, 0.25]))
+                      "pick up the alphabet soup and place it in the basket", np.array([-0.1, 0.0, 0.25]),
+                      gripper_gap=0.04)  # the shipped policy's state prior reads the finger gap
     ar = HybridDecoder(vla, DecoderConfig(method="ar"))
     dec = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter)
     action, st = ar.step(obs)
