@@ -26,9 +26,9 @@ step times of drafter mode and of retrieval mode when its drafts pass or fail
 expected step times are recorded in the file's meta either way.
 
 `--pin-tau` / `--pin-min-similarity` replace the fitted tau / min_S by a chosen value (and turn
-verify-skip on), `--pin-max-consecutive-skips` sets N_max: an operating point picked from closed-loop runs rather than from the offline pass
-rates (benchmarks/NOTES.md 44). The fitted values stay in the file's meta (`pinned`), and the plots
-show the pinned ones.
+verify-skip on), `--pin-max-consecutive-skips` sets N_max: an operating point picked from
+closed-loop runs rather than from the offline pass rates (benchmarks/NOTES.md 44). The fitted values
+stay in the file's meta (`pinned`), and the plots show the pinned ones.
 """
 
 from __future__ import annotations
@@ -86,12 +86,9 @@ class CalibrateConfig:
     def __post_init__(self) -> None:
         if self.pin_tau is not None and not (np.isfinite(self.pin_tau) and self.pin_tau >= 0):
             raise ConfigError(f"pin_tau must be finite and >= 0, got {self.pin_tau}")
-        if self.pin_min_similarity is not None:
-            lo, hi = VerifySkipConfig().min_similarity_bounds
-            if not lo <= self.pin_min_similarity <= hi:
-                raise ConfigError(f"pin_min_similarity must be in [{lo}, {hi}], got {self.pin_min_similarity}")
-        if self.pin_max_consecutive_skips is not None and not 0 <= self.pin_max_consecutive_skips <= 100:
-            raise ConfigError(f"pin_max_consecutive_skips must be in [0, 100], got {self.pin_max_consecutive_skips}")
+        skip_pins = {k: v for k, v in (("min_similarity", self.pin_min_similarity),
+                                       ("max_consecutive_skips", self.pin_max_consecutive_skips)) if v is not None}
+        VerifySkipConfig(**skip_pins)  # the node's own range checks (ConfigError)
         if self.neighbours < 1 or self.max_points < 1 or self.threads < 1:
             raise ConfigError("neighbours, max_points and threads must be >= 1")
         if self.dtype not in ("float32", "bfloat16"):

@@ -233,12 +233,8 @@ def run(cfg: DemoConfig, say=print) -> dict:
         bag = run_dir / "input"
         summary = make_bag(bag, MakeBagConfig(episodes=cfg.episodes, steps=cfg.steps, seed=cfg.seed))
         say(f"[2/3] synthetic bag: {summary['steps']} steps, two views + pose + instruction -> {bag}")
-    # Lockstep replay publishes the next inputs only after the node answered the last ones, so a slow
-    # step (first-call warm-up, a loaded machine) builds no backlog. The real-time watchdog would
-    # withhold the following commands, and the replay would wait step_timeout_s for each of them:
-    # give it the largest budget (watchdog_factor 100 = 10 s at 10 Hz) here; it stays tested elsewhere.
     params = [f"model_dir:={cfg.model_dir}", f"image_staleness_s:={cfg.staleness_s}",
-              f"pose_staleness_s:={cfg.staleness_s}", "watchdog_factor:=100.0"]  # fmt: skip
+              f"pose_staleness_s:={cfg.staleness_s}"]  # fmt: skip
     for name in ("drafter_dir", "db_path", "calibration_path"):
         if getattr(cfg, name):
             params.append(f"{name}:={getattr(cfg, name)}")

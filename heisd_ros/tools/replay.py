@@ -494,6 +494,12 @@ def _run_method(method, cfg, node, ctx, executor, player, recorder, decoder_fact
     outputs = dict(OUTPUT_TYPES)
     if cfg.start_node:
         overrides = _param_overrides(cfg.params)
+        if cfg.fast and not any(o.name == "watchdog_factor" for o in overrides):
+            # Lockstep publishes the next inputs only after the node answered the last ones, so a slow
+            # step (first-call warm-up, a loaded machine) builds no backlog; the real-time watchdog
+            # would only withhold the next commands and make the replay wait step_timeout_s for each.
+            # The largest budget (100 control periods) unless the user sets one.
+            overrides.append(Parameter("watchdog_factor", value=100.0))
         if method:
             overrides.append(Parameter("decoder.method", value=method))
         policy = PolicyNode(decoder_factory, context=ctx, parameter_overrides=overrides)
