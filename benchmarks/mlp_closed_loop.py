@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nn_closed_loop import closed_loop, demo_table  # noqa: E402
 
-from heisd_ros.tools.gen_demos import parse_range  # noqa: E402
+from heisd_ros.tools.args import parse_range  # noqa: E402
 
 BINS = 256
 

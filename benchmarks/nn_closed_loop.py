@@ -32,8 +32,8 @@ import h5py
 import numpy as np
 
 from heisd_ros.core.gripper import GripperDebounce
-from heisd_ros.models.demo_pipeline import gripper_dwell
-from heisd_ros.tools.gen_demos import parse_range
+from heisd_ros.pipeline.features import gripper_dwell
+from heisd_ros.tools.args import parse_range
 
 DWELL_CAP = 16
 

@@ -19,7 +19,6 @@ prefix" exact matches of the donor's token; the rest is neither.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
@@ -30,10 +29,10 @@ DIMS = ("X", "Y", "Z", "rX", "rY", "rZ", "G")
 
 
 def main() -> None:
-    from heisd_ros.models.demo_pipeline import FeatureCache, episode_examples
-    from heisd_ros.models.libero_data import scan_hdf5, split_episodes
+    from heisd_ros.pipeline.features import FeatureCache, episode_examples
+    from heisd_ros.pipeline.episodes import scan_hdf5, split_episodes
     from heisd_ros.models.loader import load_vla
-    from heisd_ros.models.training import action_logits, teacher_forced
+    from heisd_ros.pipeline.training import action_logits, teacher_forced
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)

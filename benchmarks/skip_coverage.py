@@ -13,7 +13,7 @@ import argparse
 
 import numpy as np
 
-from heisd_ros.calibration import passes_sequence_rule
+from heisd_ros.pipeline.calibration import passes_sequence_rule
 from heisd_ros.core.acceptance import SequenceRelaxedRule
 from heisd_ros.core.config import StoreConfig
 from heisd_ros.store.factory import make_store

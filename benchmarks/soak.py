@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.outputs import git_revision
 
 REPO = Path(__file__).resolve().parents[1]
 THIRD_VIEW = "side"
@@ -103,7 +104,7 @@ def _views(images: dict[str, np.ndarray], names: tuple[str, ...]) -> list[np.nda
 
 def prepare(cfg: SoakConfig, say) -> dict[str, str]:
     """The policy's files: cfg.model_dir etc., or the tiny build with a database covering cfg.views."""
-    from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
+    from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
 
     if cfg.model_dir:
         return {"model_dir": cfg.model_dir, "drafter_dir": cfg.drafter_dir, "db_path": cfg.db_path,
@@ -437,7 +438,7 @@ def _report(cfg, driver, diag0, diag, rss, measured_s, exit_code, crashed_at) ->
         levels[key] = levels.get(key, 0) + 1
     return {
         "config": dataclasses.asdict(cfg),
-        "git_rev": _git_rev(),
+        "git_rev": git_revision(),
         "cpu_count": os.cpu_count(),
         "load_average_at_end": list(os.getloadavg()),
         "measured_s": round(measured_s, 2),
@@ -472,14 +473,6 @@ def _report(cfg, driver, diag0, diag, rss, measured_s, exit_code, crashed_at) ->
         "crashes": int(crashed_at is not None or exit_code not in (0, None)),
         "crashed_at_s": crashed_at,
     }  # fmt: skip
-
-
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=REPO).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

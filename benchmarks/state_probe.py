@@ -22,11 +22,11 @@ import sys
 import numpy as np
 import torch
 
-from heisd_ros.models.demo_pipeline import FeatureCache, collect_refs, episode_examples
+from heisd_ros.pipeline.features import FeatureCache, collect_refs, episode_examples
 from heisd_ros.models.loader import load_vla
-from heisd_ros.models.training import greedy_decode
+from heisd_ros.pipeline.training import greedy_decode
 from heisd_ros.sim.expert import POS_UNIT_M, ExpertConfig
-from heisd_ros.tools.train_vla import parse_tasks
+from heisd_ros.tools.args import parse_tasks
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ import numpy as np
 
 from heisd_ros.core.config import StoreConfig, to_dict
 from heisd_ros.store import DemoPoint, make_store
+from heisd_ros.pipeline.outputs import git_revision
 
 STEPS_PER_EPISODE = 100
 
@@ -131,14 +131,6 @@ def run_one(backend: str, points: list[DemoPoint], args, rng: np.random.Generato
             record["reopen_s"] = round(time.perf_counter() - t0, 3)
     record["_results"] = results
     return record
-
-
-def git_revision() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-        return out.stdout.strip()
-    except OSError:
-        return ""
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from heisd_ros.calibration import apply_calibration
+from heisd_ros.pipeline.calibration import apply_calibration
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import load_drafter
 from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder, query_dim
@@ -35,7 +35,7 @@ def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
     """Expand `model_dir="tiny"` to the built tiny artifacts (building them if needed)."""
     if paths.model_dir != "tiny":
         return paths
-    from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
+    from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
 
     root = build_tiny_artifacts(paths.tiny_cache_dir)
     return PolicyPaths(
@@ -48,20 +48,10 @@ def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
 
 
 def database_manifest(db_path: str) -> dict | None:
-    """An embedded database's build manifest (None: none, or unreadable; that is build-db's
-    business, the store itself may still open fine)."""
-    import json
+    """An embedded database's build manifest, or None."""
+    from heisd_ros.store.manifest import read_manifest
 
-    from heisd_ros.tools.build_db import MANIFEST
-
-    manifest = Path(db_path) / MANIFEST if db_path else None
-    if manifest is None or not manifest.is_file():
-        return None
-    try:
-        data = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_manifest(db_path)
 
 
 def database_dtype(db_path: str) -> str | None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from heisd_ros.core.errors import DataFileError
-from heisd_ros.data_checks import check_demo_hdf5
+from heisd_ros.pipeline.data_checks import check_demo_hdf5
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("heisd_ros", "benchmarks", "scripts", "launch") for p in (REPO / d).rglob("*.py"))
@@ -140,7 +140,7 @@ def test_broken_files_are_refused_naming_file_and_dataset(tmp_path, case):
 def test_demo_scan_checks_every_file_before_reading(tmp_path):
     """scan_hdf5 (train-vla, build-db, calibrate read through it) refuses a damaged file by name,
     or skips it with a warning when only some tasks were asked for."""
-    from heisd_ros.models.libero_data import DemoDataError, scan_hdf5
+    from heisd_ros.pipeline.episodes import DemoDataError, scan_hdf5
 
     def nan_action(f, _path):
         f["data/demo_1/actions"][2, 3] = np.nan

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from heisd_ros.core.config import METHODS, DecoderConfig
 from heisd_ros.core.types import Observation, StepStats
 from heisd_ros.tools.eval_report import mode_floor_ms
+from heisd_ros.pipeline.outputs import git_revision
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize", "total")
 PROFILE_STAGES = ("vision", "projector", "retrieval", "draft", "prompt", "forward", "accept", "detokenize")
@@ -62,14 +62,6 @@ def profile(stats: list[StepStats]) -> dict:
     return out
 
 
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def tiny_observations(seed: int, n_episodes: int, n_steps: int) -> list[list[Observation]]:
     """Held-out synthetic episodes (a seed the database was not built from)."""
     from heisd_ros.sim import synthetic
@@ -87,9 +79,9 @@ def demo_observations(demos: str, model_dir: str, tasks: str, n_episodes: int, n
     then the rest in file order; `n_steps` <= 0 keeps whole episodes. The database holds every demo,
     so on these states retrieval finds the episode's own steps: retrieval and heisd figures are an
     upper bound here, drafter-versus-ar figures are not affected."""
-    from heisd_ros.models.demo_pipeline import held_out_sources
-    from heisd_ros.models.libero_data import VIEWS, load_episode, scan_hdf5
-    from heisd_ros.tools.train_vla import parse_tasks
+    from heisd_ros.pipeline.features import held_out_sources
+    from heisd_ros.pipeline.episodes import VIEWS, load_episode, scan_hdf5
+    from heisd_ros.tools.args import parse_tasks
 
     held = held_out_sources(model_dir)
     refs = scan_hdf5(demos, parse_tasks(tasks) if tasks else None)
@@ -184,7 +176,7 @@ def run(args: argparse.Namespace) -> dict:
         r["lossless"] = r["method"] in ("ar", "drafter", "retrieval")
     meta = {
         "command": " ".join(["heisd", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "heisd bench",
-        "args": vars(args), "seed": args.seed, "threads": args.threads, "git_rev": _git_rev(),
+        "args": vars(args), "seed": args.seed, "threads": args.threads, "git_rev": git_revision(),
         "platform": platform.platform(), "torch": torch.__version__, "config": _cfg_dict(heisd.cfg),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.models.libero_data import VIEWS
+from heisd_ros.store.manifest import MANIFEST
+from heisd_ros.pipeline.episodes import VIEWS
 
-MANIFEST = "build_db_manifest.json"
 REPORT = "build_db_report.json"
 
 
@@ -115,18 +115,17 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 
 def run(cfg: BuildDbConfig) -> dict:
     from heisd_ros.core.config import StoreConfig
-    from heisd_ros.models.demo_pipeline import (
+    from heisd_ros.pipeline.features import (
         collect_refs,
         episode_points,
         held_out_sources,
         model_digest,
-        progress_bar,
-        write_json,
     )
-    from heisd_ros.models.libero_data import load_episode
+    from heisd_ros.pipeline.outputs import progress_bar, write_json
+    from heisd_ros.pipeline.episodes import load_episode
     from heisd_ros.models.loader import load_vla
     from heisd_ros.store.factory import make_store
-    from heisd_ros.tools.gen_demos import git_revision
+    from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
@@ -230,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from heisd_ros.tools.train_vla import parse_tasks
+    from heisd_ros.tools.args import parse_tasks
 
     args = vars(build_parser().parse_args(argv))
     args["tasks"] = parse_tasks(args["tasks"])

@@ -8,7 +8,7 @@ Usage:
         [--pin-tau T] [--pin-min-similarity S] [--pin-max-consecutive-skips N]
 
 Reads every point of the database (`heisd build-db --out`) and runs
-`heisd_ros.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
+`heisd_ros.pipeline.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
 mean lm_head input of the VLA's own greedy AR decoding of the previous step (what the online
 verify-skip rule compares against a hit's `feat_prev`). Those need the demos' images (through the
 train-vla feature cache; the greedy decodes train-drafter cached are reused): pass the same
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from heisd_ros.calibration import TAU_RULES
+from heisd_ros.pipeline.calibration import TAU_RULES
 from heisd_ros.core.config import VerifySkipConfig
 from heisd_ros.core.errors import CalibrationError, ConfigError
 
@@ -101,7 +101,7 @@ class CalibrateConfig:
             raise ConfigError("--tau-rule cost needs --step-costs-from or --step-costs-ms")
 
     def costs(self):
-        from heisd_ros.calibration import StepCosts
+        from heisd_ros.pipeline.calibration import StepCosts
         from heisd_ros.tools.eval_report import step_costs
 
         if self.step_costs_ms:
@@ -111,7 +111,7 @@ class CalibrateConfig:
 
 def live_prev_features(vla, points: list, refs: list, cache, greedy, progress: bool) -> dict:
     """{(task, episode, step): the VLA's live feature at step - 1} for the episodes in `points`."""
-    from heisd_ros.models.demo_pipeline import own_examples
+    from heisd_ros.pipeline.features import own_examples
 
     stored = {(p.dataset, p.episode) for p in points}
     wanted = [r for r in refs if (r.dataset, r.episode) in stored]
@@ -188,12 +188,12 @@ def write_plots(calib: dict, directory: str | Path) -> list[str]:
 
 
 def run(cfg: CalibrateConfig) -> dict:
-    from heisd_ros.calibration import apply_calibration, calibrate, save_calibration
+    from heisd_ros.pipeline.calibration import apply_calibration, calibrate, save_calibration
     from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
-    from heisd_ros.models.demo_pipeline import FeatureCache, GreedyCache, collect_refs
+    from heisd_ros.pipeline.features import FeatureCache, GreedyCache, collect_refs
     from heisd_ros.models.loader import load_vla
     from heisd_ros.store.factory import make_store
-    from heisd_ros.tools.gen_demos import git_revision
+    from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from heisd_ros.tools.train_vla import parse_tasks
+    from heisd_ros.tools.args import parse_tasks
 
     args = vars(build_parser().parse_args(argv))
     args["tasks"] = parse_tasks(args["tasks"])

@@ -212,7 +212,7 @@ def run(cfg: DemoConfig, say=print) -> dict:
     t0 = time.monotonic()
     cfg = resolve(cfg)
     if cfg.model_dir == "tiny":
-        from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
+        from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
         from heisd_ros.policy import DEFAULT_TINY_DIR
 
         say(f"[1/3] tiny policy (trained once, cached in {DEFAULT_TINY_DIR})")

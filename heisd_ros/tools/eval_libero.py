@@ -45,7 +45,9 @@ import numpy as np
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.core.gripper import finger_gap
-from heisd_ros.tools.gen_demos import EVAL_INIT_STATES, git_revision, parse_range
+from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
+from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.tools.args import parse_range
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,9 @@ def _db_digest(db_path: str) -> str:
     """Digest of a database directory's build manifest (written once by `heisd build-db`)."""
     if not db_path:
         return "none"
-    from heisd_ros.tools.build_db import MANIFEST
+    from heisd_ros.store.manifest import manifest_path
 
-    manifest = Path(db_path) / MANIFEST
+    manifest = manifest_path(db_path)
     return _file_digest(str(manifest)) if manifest.is_file() else "no manifest"
 
 
@@ -164,7 +166,7 @@ class Policies:
     """One HybridDecoder per method over one loaded VLA, drafter and database."""
 
     def __init__(self, cfg: EvalLiberoConfig) -> None:
-        from heisd_ros.calibration import apply_calibration
+        from heisd_ros.pipeline.calibration import apply_calibration
         from heisd_ros.core.config import DecoderConfig, RetrievalConfig
         from heisd_ros.core.drafter import load_drafter
         from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder

@@ -185,7 +185,7 @@ def step_costs(path: str | Path, method: str = "heisd"):
     finished by the drafter (what a cost-aware tau weighs, measured on this machine)."""
     import gzip
 
-    from heisd_ros.calibration import StepCosts
+    from heisd_ros.pipeline.calibration import StepCosts
 
     p = Path(path)
     opener = gzip.open if p.suffix == ".gz" else open

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.tools.args import parse_range
 
 EVAL_INIT_STATES = range(40, 50)
 """LIBERO init states kept for closed-loop evaluation; demos never use them."""
@@ -77,29 +78,8 @@ class GenDemosConfig:
             raise ConfigError("need max_steps >= 10, perturbations >= 0, perturb_xy_m >= 0")
 
 
-def parse_range(text: str) -> tuple[int, ...]:
-    """'0-9' / '0,3,5-7' -> (0, 1, ..., 9) / (0, 3, 5, 6, 7)."""
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi or lo) + 1))
-    except ValueError as err:
-        raise ConfigError(f"bad index range {text!r}; use e.g. 0-9 or 0,2,5-7") from err
-    return tuple(dict.fromkeys(out))
-
-
 def episode_seed(seed: int, task: int, init_state: int, variant: int) -> int:
     return int(np.random.SeedSequence([seed, task, init_state, variant]).generate_state(1)[0])
-
-
-def git_revision() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
 
 
 class Summary:

@@ -63,9 +63,9 @@ def publish(cfg: PublishConfig) -> dict:
     import torch
 
     from heisd_ros.core.drafter import load_drafter
-    from heisd_ros.models.demo_pipeline import hash_file
+    from heisd_ros.pipeline.outputs import hash_file
     from heisd_ros.models.loader import load_vla
-    from heisd_ros.tools.gen_demos import git_revision
+    from heisd_ros.pipeline.outputs import git_revision
 
     _check_calibration(Path(cfg.calibration))  # refuse a broken file before writing anything
     out = Path(cfg.out)

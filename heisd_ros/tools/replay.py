@@ -26,7 +26,6 @@ import dataclasses
 import importlib
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ import numpy as np
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.pipeline.outputs import git_revision
 
 OUTPUT_TYPES = {
     "arm_command": "heisd_ros/msg/ArmCommand",
@@ -419,14 +419,6 @@ def format_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _param_overrides(pairs: tuple[str, ...]) -> list:
     import yaml
     from rclpy.parameter import Parameter
@@ -480,7 +472,7 @@ def replay(bag: str | Path, cfg: ReplayConfig, decoder_factory: Callable | None 
         rclpy.try_shutdown(context=ctx)
     rows = [summarise(r, bag_steps) for r in runs]
     say("\n" + format_summary(rows))
-    return {"bag": str(bag), "out": str(out), "config": dataclasses.asdict(cfg), "git_rev": _git_rev(),
+    return {"bag": str(bag), "out": str(out), "config": dataclasses.asdict(cfg), "git_rev": git_revision(),
             "methods": {r["method"]: r for r in rows}}  # fmt: skip
 
 

@@ -8,7 +8,7 @@ Usage:
 The head (one LLaMA block over fc([token embedding ; feature])) learns from the VLA's *own*
 hidden states: the demo steps are relabelled with the VLA's greedy action tokens (batched,
 KV-cached AR, kept on disk next to the feature cache for `heisd calibrate`), then trained
-with feature regression + token cross-entropy (`heisd_ros.models.training.train_drafter`).
+with feature regression + token cross-entropy (`heisd_ros.pipeline.training.train_drafter`).
 Episodes the VLA held out (its train_log.json) stay held out here.
 
 Reports, on held-out steps:
@@ -59,7 +59,7 @@ class TrainDrafterConfig:
 
     def __post_init__(self) -> None:
         if self.bf16_autocast is None:  # resolved here, so the training log records what ran
-            from heisd_ros.models.training import cpu_has_fast_bf16
+            from heisd_ros.pipeline.training import cpu_has_fast_bf16
 
             object.__setattr__(self, "bf16_autocast", cpu_has_fast_bf16())
         for name in ("steps", "batch_size", "threads"):
@@ -72,8 +72,8 @@ class TrainDrafterConfig:
 def agreement(vla, drafter, own_examples, batch_size: int = 64) -> dict:
     """Top-1 agreement of the drafter with the VLA's greedy next token, per action position a2..a7."""
     from heisd_ros.core.types import ACTION_DIM
-    from heisd_ros.models.demo_pipeline import _same_instruction_batches
-    from heisd_ros.models.training import action_logits, teacher_forced
+    from heisd_ros.pipeline.features import _same_instruction_batches
+    from heisd_ros.pipeline.training import action_logits, teacher_forced
 
     hits = []
     with torch.inference_mode():
@@ -96,7 +96,7 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
     from heisd_ros.core.config import DecoderConfig
     from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.core.types import Observation
-    from heisd_ros.models.libero_data import VIEWS, load_episode
+    from heisd_ros.pipeline.episodes import VIEWS, load_episode
 
     if n_steps <= 0 or not refs:
         return {}
@@ -126,13 +126,14 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
 
 
 def run(cfg: TrainDrafterConfig) -> dict:
-    from heisd_ros.models.demo_pipeline import FeatureCache, GreedyCache, held_out_split, own_examples, progress_bar
-    from heisd_ros.models.demo_pipeline import write_json
-    from heisd_ros.models.demo_pipeline import episode_tokens
-    from heisd_ros.models.libero_data import load_episode, scan_hdf5
+    from heisd_ros.pipeline.features import FeatureCache, GreedyCache, held_out_split, own_examples
+    from heisd_ros.pipeline.outputs import progress_bar
+    from heisd_ros.pipeline.outputs import write_json
+    from heisd_ros.pipeline.features import episode_tokens
+    from heisd_ros.pipeline.episodes import load_episode, scan_hdf5
     from heisd_ros.models.loader import load_vla
-    from heisd_ros.models.training import train_drafter
-    from heisd_ros.tools.gen_demos import git_revision
+    from heisd_ros.pipeline.training import train_drafter
+    from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -211,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from heisd_ros.tools.train_vla import parse_tasks
+    from heisd_ros.tools.args import parse_tasks
 
     args = vars(build_parser().parse_args(argv))
     args["tasks"] = parse_tasks(args["tasks"])

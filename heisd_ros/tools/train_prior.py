@@ -32,8 +32,8 @@ VLA_FILES = ("config.json", "dataset_statistics.json", "model.safetensors", "tra
 
 def prior_training_data(vla, refs) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
     """task key -> [(ee position + finger gap [T, 4], action columns [T, 7])] of every episode."""
-    from heisd_ros.models.demo_pipeline import episode_tokens
-    from heisd_ros.models.libero_data import load_episode
+    from heisd_ros.pipeline.features import episode_tokens
+    from heisd_ros.pipeline.episodes import load_episode
     from heisd_ros.models.state_prior import task_key
 
     first = vla.action_tokenizer.first_token_id
@@ -52,12 +52,12 @@ def prior_training_data(vla, refs) -> dict[str, list[tuple[np.ndarray, np.ndarra
 
 
 def run(args: argparse.Namespace) -> dict:
-    from heisd_ros.models.demo_pipeline import progress_bar, write_json
-    from heisd_ros.models.libero_data import scan_hdf5
+    from heisd_ros.pipeline.outputs import progress_bar, write_json
+    from heisd_ros.pipeline.episodes import scan_hdf5
     from heisd_ros.models.loader import load_vla
     from heisd_ros.models.state_prior import StatePriorConfig, fit_state_prior
-    from heisd_ros.tools.gen_demos import git_revision
-    from heisd_ros.tools.train_vla import parse_tasks
+    from heisd_ros.pipeline.outputs import git_revision
+    from heisd_ros.tools.args import parse_tasks
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

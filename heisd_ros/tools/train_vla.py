@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.tools.args import parse_tasks
 
 EVAL_SUBSET = 2048
 """Held-out steps used for the accuracy curve during training (the final figure uses all)."""
@@ -118,7 +119,7 @@ class TrainVLAConfig:
 
     def __post_init__(self) -> None:
         if self.bf16_autocast is None:  # resolved here, so the training log records what ran
-            from heisd_ros.models.training import cpu_has_fast_bf16
+            from heisd_ros.pipeline.training import cpu_has_fast_bf16
 
             object.__setattr__(self, "bf16_autocast", cpu_has_fast_bf16())
         for name in ("image_size", "hidden_size", "layers", "heads", "kv_heads", "intermediate_size",
@@ -195,17 +196,6 @@ def mini_vla_config(cfg: TrainVLAConfig, ee_pos: np.ndarray | None = None):
                      prompt_views=cfg.prompt_views, **proprio)
 
 
-def parse_tasks(text: str | None) -> tuple[int, ...] | None:
-    """'0-3,7' -> (0, 1, 2, 3, 7)."""
-    if not text:
-        return None
-    out: list[int] = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        out += list(range(int(a), int(b or a) + 1))
-    return tuple(out)
-
-
 def _limit(refs: list, per_task: int) -> list:
     if per_task <= 0:
         return refs
@@ -230,7 +220,8 @@ def _hash_collisions(tok, instructions: list[str]) -> list[list[str]]:
 
 def _examples(vla, stats, refs, val_refs, cache, progress: bool, relabel: bool = False) -> tuple[list, list]:
     """(train, held-out) Examples with cached backbone features (or images when `cache` is None)."""
-    from heisd_ros.models.demo_pipeline import episode_examples, progress_bar
+    from heisd_ros.pipeline.features import episode_examples
+    from heisd_ros.pipeline.outputs import progress_bar
 
     held = set(val_refs)
     train, val = [], []
@@ -244,8 +235,9 @@ def _examples(vla, stats, refs, val_refs, cache, progress: bool, relabel: bool =
 
 def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float], list[dict]]:
     """train_vla with a progress bar and the held-out accuracy every `eval_every_steps`."""
-    from heisd_ros.models.demo_pipeline import progress_bar, token_accuracy
-    from heisd_ros.models.training import train_vla
+    from heisd_ros.pipeline.features import token_accuracy
+    from heisd_ros.pipeline.outputs import progress_bar
+    from heisd_ros.pipeline.training import train_vla
 
     curve: list[dict] = []
     val_subset = val[:: max(1, len(val) // EVAL_SUBSET)] if val else []
@@ -273,12 +265,13 @@ def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float
 
 def run(cfg: TrainVLAConfig) -> dict:
     from heisd_ros.core.action_tokenizer import NormStats
-    from heisd_ros.models.demo_pipeline import FeatureCache, token_accuracy, write_json
-    from heisd_ros.models.libero_data import load_episode, scan_hdf5, split_episodes
+    from heisd_ros.pipeline.features import FeatureCache, token_accuracy
+    from heisd_ros.pipeline.outputs import write_json
+    from heisd_ros.pipeline.episodes import load_episode, scan_hdf5, split_episodes
     from heisd_ros.models.loader import load_vla
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
     from heisd_ros.models.vla import VLAModel
-    from heisd_ros.tools.gen_demos import git_revision
+    from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

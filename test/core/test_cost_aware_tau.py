@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from heisd_ros.calibration import StepCosts, cheapest_threshold, expected_step_ms
+from heisd_ros.pipeline.calibration import StepCosts, cheapest_threshold, expected_step_ms
 from heisd_ros.core.errors import ConfigError
 
 COSTS = StepCosts(drafter_ms=60.0, retrieval_pass_ms=40.0, retrieval_fail_ms=90.0)
@@ -89,7 +89,7 @@ def test_calibrate_cli_needs_costs_for_the_cost_rule():
 
 
 def test_calibrate_refuses_the_cost_rule_without_costs_and_unknown_rules():
-    from heisd_ros.calibration import calibrate
+    from heisd_ros.pipeline.calibration import calibrate
     from heisd_ros.core.config import FusedMetricConfig
 
     with pytest.raises(ConfigError, match="step_costs"):

@@ -11,7 +11,7 @@ import torch
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.models.loader import tiny_vla, tiny_vla_config
-from heisd_ros.models.training import Example, action_logits, prompt_batch, teacher_forced, train_vla
+from heisd_ros.pipeline.training import Example, action_logits, prompt_batch, teacher_forced, train_vla
 
 CFG = dataclasses.replace(tiny_vla_config(), proprio_dim=3, proprio_mean=(0.0, 0.0, 0.0), proprio_std=(0.1, 0.1, 0.1))
 

@@ -14,7 +14,7 @@ import torch
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.models.loader import tiny_vla
-from heisd_ros.models.training import Example, action_logits, swap_prefix_tokens, teacher_forced, train_vla
+from heisd_ros.pipeline.training import Example, action_logits, swap_prefix_tokens, teacher_forced, train_vla
 
 
 def test_swap_takes_each_swapped_token_from_another_row_of_the_same_column():

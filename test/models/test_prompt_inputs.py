@@ -110,8 +110,8 @@ def test_drafter_decoding_with_prompt_inputs_is_lossless(model, seed):
 
 
 def test_feature_cache_keeps_one_file_per_prompt_view(model, tmp_path):
-    from heisd_ros.models.demo_pipeline import FeatureCache
-    from heisd_ros.models.libero_data import DemoEpisode, EpisodeRef
+    from heisd_ros.pipeline.features import FeatureCache
+    from heisd_ros.pipeline.episodes import DemoEpisode, EpisodeRef
 
     rng = np.random.default_rng(0)
     T = 3
@@ -139,7 +139,7 @@ def gripper_model():
 
 
 def test_previous_gripper_of_an_episode_starts_open_and_lags_one_step():
-    from heisd_ros.models.demo_pipeline import previous_gripper
+    from heisd_ros.pipeline.features import previous_gripper
 
     actions = np.zeros((5, 7))
     actions[:, 6] = [-1.0, 0.9, 1.0, -0.2, -1.0]
@@ -200,7 +200,7 @@ def dwell_model():
 def test_demo_dwell_counts_what_the_node_counts():
     """Training labels the dwell exactly as the engine's debounce counts its executed commands."""
     from heisd_ros.core.gripper import GripperDebounce
-    from heisd_ros.models.demo_pipeline import gripper_dwell
+    from heisd_ros.pipeline.features import gripper_dwell
 
     actions = np.zeros((9, 7))
     actions[:, 6] = [-1.0, -1.0, 1.0, 0.8, 1.0, 1.0, -1.0, -0.5, 1.0]
@@ -369,8 +369,8 @@ def test_engine_hands_the_observed_gap_to_the_model(gap_model, tmp_path):
 
 
 def test_training_examples_carry_the_demo_finger_gap(gap_model):
-    from heisd_ros.models.demo_pipeline import finger_gaps
-    from heisd_ros.models.libero_data import DemoEpisode
+    from heisd_ros.pipeline.features import finger_gaps
+    from heisd_ros.pipeline.episodes import DemoEpisode
 
     actions = np.zeros((3, 7))
     ep = DemoEpisode("d", INSTRUCTION, INSTRUCTION, 0, "x", actions, np.zeros((3, 3)),

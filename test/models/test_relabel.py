@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from heisd_ros.models.demo_pipeline import training_actions
-from heisd_ros.models.libero_data import DemoEpisode
+from heisd_ros.pipeline.features import training_actions
+from heisd_ros.pipeline.episodes import DemoEpisode
 from heisd_ros.models.relabel import relabel_grasp_dwell
 
 OPEN, CLOSE = -1.0, 1.0

@@ -202,7 +202,7 @@ def test_training_rejects_malformed_data():
 def test_offline_greedy_decoding_follows_the_prior_like_the_engine(guided):
     """train-drafter's relabelled targets and calibrate's live features come from `greedy_decode`;
     with a prior they must be the tokens the engine executes."""
-    from heisd_ros.models.training import Example, greedy_decode
+    from heisd_ros.pipeline.training import Example, greedy_decode
 
     vla, ar, _ = guided
     examples, refs = [], []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from heisd_ros.models.training import Example, _augmented, random_shift
+from heisd_ros.pipeline.training import Example, _augmented, random_shift
 
 
 def test_random_shift_moves_content_within_bounds_and_keeps_shape():
@@ -39,7 +39,7 @@ def test_augmentation_needs_images_not_cached_patches():
 
 def test_bf16_autocast_is_chosen_by_the_cpu_flags(tmp_path):
     """bf16 autocast only where the CPU multiplies bf16 natively; elsewhere it is emulated (slower)."""
-    from heisd_ros.models.training import cpu_has_fast_bf16
+    from heisd_ros.pipeline.training import cpu_has_fast_bf16
     from heisd_ros.tools.train_drafter import TrainDrafterConfig
     from heisd_ros.tools.train_vla import TrainVLAConfig, build_parser
 

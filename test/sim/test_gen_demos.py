@@ -9,7 +9,8 @@ import pytest
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.tools import gen_demos
-from heisd_ros.tools.gen_demos import GenDemosConfig, Summary, episode_seed, parse_range
+from heisd_ros.tools.gen_demos import GenDemosConfig, Summary, episode_seed
+from heisd_ros.tools.args import parse_range
 
 
 def test_parse_range() -> None:
@@ -69,7 +70,7 @@ def test_files_of_disjoint_init_state_ranges_share_a_demo_directory(tmp_path: Pa
     demos keeps its numbering when resumed with another range."""
     import numpy as np
 
-    from heisd_ros.models.libero_data import scan_hdf5
+    from heisd_ros.pipeline.episodes import scan_hdf5
     from heisd_ros.sim.recorder import Episode, Hdf5DemoWriter
 
     def episode(k: int) -> Episode:

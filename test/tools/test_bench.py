@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
+from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
 from heisd_ros.tools.bench import main
 
 SMALL = dict(n_episodes=2, n_steps=20, vla_steps=40, drafter_steps=30)

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from heisd_ros.calibration import apply_calibration, save_calibration
+from heisd_ros.pipeline.calibration import apply_calibration, save_calibration
 from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.tools.calibrate import CalibrateConfig, build_parser, pin_operating_point

@@ -22,7 +22,7 @@ def small_tiny(tmp_path_factory):
     """A smaller build of the tiny policy than `model_dir: tiny` (same code, fewer training steps)."""
     import torch
 
-    from heisd_ros.models.tiny_artifacts import build_tiny_artifacts
+    from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

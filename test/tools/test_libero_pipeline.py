@@ -123,7 +123,7 @@ def test_train_vla_init_from_fine_tunes_on_demos_plus_a_dagger_file(artifacts, d
     an episode offset (as `heisd dagger` writes) trains beside the demos without colliding."""
     import shutil
 
-    from heisd_ros.models.libero_data import scan_hdf5
+    from heisd_ros.pipeline.episodes import scan_hdf5
     from heisd_ros.models.loader import load_vla
     from heisd_ros.tools import train_vla
 
@@ -203,7 +203,7 @@ def test_build_db_and_calibrate_at_bf16_keep_their_own_vectors_and_caches(artifa
     import shutil
 
     from heisd_ros.core.config import StoreConfig
-    from heisd_ros.models.demo_pipeline import model_fingerprint
+    from heisd_ros.pipeline.features import model_fingerprint
     from heisd_ros.models.loader import load_vla
     from heisd_ros.store.factory import make_store
     from heisd_ros.tools import build_db, calibrate
@@ -256,7 +256,7 @@ def test_build_db_from_bags_matches_hdf5(artifacts, demos, tmp_path) -> None:
 
 
 def test_calibration_file_applies_and_plots_exist(artifacts) -> None:
-    from heisd_ros.calibration import apply_calibration
+    from heisd_ros.pipeline.calibration import apply_calibration
     from heisd_ros.core.config import DecoderConfig
 
     calib = json.loads(artifacts["calib"].read_text())
@@ -276,9 +276,9 @@ def test_live_features_equal_engine_f_live(artifacts, demos) -> None:
     from heisd_ros.core.config import DecoderConfig
     from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.core.types import Observation
-    from heisd_ros.models.libero_data import load_episode, scan_hdf5
+    from heisd_ros.pipeline.episodes import load_episode, scan_hdf5
     from heisd_ros.models.loader import load_vla
-    from heisd_ros.models.training import Example, greedy_decode
+    from heisd_ros.pipeline.training import Example, greedy_decode
 
     vla = load_vla(artifacts["model"])
     ep = load_episode(scan_hdf5(demos)[1])
@@ -301,7 +301,7 @@ def test_bench_replays_demo_states_held_out_first(artifacts, demos, tmp_path) ->
     assert len(held) == 1
     eps = bench.demo_observations(str(demos), str(artifacts["model"]), "0", 1, 0)
     assert len(eps) == 1 and len(eps[0]) == T
-    from heisd_ros.models.libero_data import load_hdf5_episode, scan_hdf5
+    from heisd_ros.pipeline.episodes import load_hdf5_episode, scan_hdf5
 
     ref = next(r for r in scan_hdf5(demos) if f"{Path(r.path).name}:{r.demo}" == held[0])
     np.testing.assert_array_equal(eps[0][2].images["wrist"], load_hdf5_episode(ref).images["wrist"][2])
@@ -342,7 +342,7 @@ def test_build_db_query_views_1_pools_the_primary_view_and_the_policy_follows(ar
     from heisd_ros.core.config import DecoderConfig, RetrievalConfig, StoreConfig
     from heisd_ros.core.errors import DatabaseUnavailableError
     from heisd_ros.core.types import Observation
-    from heisd_ros.models.libero_data import load_episode, scan_hdf5
+    from heisd_ros.pipeline.episodes import load_episode, scan_hdf5
     from heisd_ros.policy import PolicyPaths, load_policy
     from heisd_ros.store.factory import make_store
     from heisd_ros.tools import build_db
@@ -376,7 +376,7 @@ def test_bag_episodes_carry_the_finger_joints(tmp_path) -> None:
     """A model that reads the finger gap can be trained / indexed from bags as from HDF5."""
     from types import SimpleNamespace
 
-    from heisd_ros.models.libero_data import _finger_series, load_bag_episode
+    from heisd_ros.pipeline.episodes import _finger_series, load_bag_episode
 
     ep = make_episode(3, size=16)
     ep.gripper_qpos[:] = np.linspace([0.04, -0.04], [0.01, -0.01], T)
@@ -397,8 +397,8 @@ def test_train_prior_writes_a_model_copy_that_decodes_with_the_prior(artifacts, 
     from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.core.errors import ConfigError
     from heisd_ros.core.types import Observation
-    from heisd_ros.models.demo_pipeline import model_digest
-    from heisd_ros.models.libero_data import load_episode, scan_hdf5
+    from heisd_ros.pipeline.features import model_digest
+    from heisd_ros.pipeline.episodes import load_episode, scan_hdf5
     from heisd_ros.models.loader import load_vla
     from heisd_ros.tools import train_prior
 

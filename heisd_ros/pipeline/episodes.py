@@ -22,7 +22,7 @@ import numpy as np
 
 from heisd_ros.core.errors import DataFileError, HeisdError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS, finger_gap
-from heisd_ros.data_checks import check_demo_hdf5
+from heisd_ros.pipeline.data_checks import check_demo_hdf5
 
 log = logging.getLogger(__name__)
 

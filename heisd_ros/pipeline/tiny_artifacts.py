@@ -16,12 +16,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from heisd_ros.calibration import calibrate, save_calibration
+from heisd_ros.pipeline.calibration import calibrate, save_calibration
 from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.config import FusedMetricConfig, StoreConfig
 from heisd_ros.core.engine import embed_views
 from heisd_ros.models.loader import tiny_vla
-from heisd_ros.models.training import Example, teacher_forced, train_drafter, train_vla, greedy_tokens
+from heisd_ros.pipeline.training import Example, teacher_forced, train_drafter, train_vla, greedy_tokens
 from heisd_ros.sim import synthetic
 
 log = logging.getLogger(__name__)

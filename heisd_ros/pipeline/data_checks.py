@@ -13,7 +13,7 @@ reader loads arrays from it:
 - sizes stay within stated limits (steps per demo, image pixels).
 
 Raises DataFileError naming the file and the offending group or dataset. Readers
-(heisd_ros.models.libero_data, heisd_ros.sim.recorder) call it once per file.
+(heisd_ros.pipeline.episodes, heisd_ros.sim.recorder) call it once per file.
 """
 
 from __future__ import annotations

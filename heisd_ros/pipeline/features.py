@@ -32,8 +32,9 @@ from heisd_ros.core.engine import embed_views, prompt_patches
 from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, gripper_command
 from heisd_ros.models import relabel
-from heisd_ros.models.libero_data import VIEWS, DemoEpisode, EpisodeRef, load_episode
-from heisd_ros.models.training import Example, action_logits, greedy_decode, teacher_forced
+from heisd_ros.pipeline.episodes import VIEWS, DemoEpisode, EpisodeRef, load_episode
+from heisd_ros.pipeline.training import Example, action_logits, greedy_decode, teacher_forced
+from heisd_ros.pipeline.outputs import hash_file, progress_bar
 
 
 def model_fingerprint(vla) -> str:
@@ -245,21 +246,6 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
     return points
 
 
-def write_json(path: str | Path, data: dict) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(p)
-
-
-def progress_bar(total: int, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr (silent when not enabled)."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
-
-
 def held_out_sources(model_dir: str | Path) -> set[str]:
     """`EpisodeRef.source` of the episodes the model held out in training (its train_log.json);
     empty when the directory has no such log."""
@@ -273,7 +259,7 @@ def held_out_split(refs: Sequence[EpisodeRef], model_dir: str | Path, val_fracti
     """(train, held-out) refs: the episodes `train_log.json` of the model held out when it exists
     (so the drafter and its acceptance figures never see the VLA's held-out episodes), else a
     fresh seeded split."""
-    from heisd_ros.models.libero_data import split_episodes
+    from heisd_ros.pipeline.episodes import split_episodes
 
     held = held_out_sources(model_dir)
     if held:
@@ -288,7 +274,7 @@ def collect_refs(demos: str = "", bags: str = "", dataset: str = "", tasks: Sequ
     'suite' attribute, else '<parent of the bags dir>_bags'."""
     import dataclasses
 
-    from heisd_ros.models.libero_data import scan_bags, scan_hdf5
+    from heisd_ros.pipeline.episodes import scan_bags, scan_hdf5
 
     refs: list[EpisodeRef] = []
     if demos:
@@ -296,15 +282,6 @@ def collect_refs(demos: str = "", bags: str = "", dataset: str = "", tasks: Sequ
     if bags:
         refs += scan_bags(bags, dataset or f"{Path(bags).resolve().parent.name}_bags")
     return refs
-
-
-def hash_file(path: str | Path, h=None):
-    """`h` (a new sha256 by default) updated with the file's bytes, read in 4 MiB chunks."""
-    h = h if h is not None else hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h
 
 
 def model_digest(model_dir: str | Path) -> str:

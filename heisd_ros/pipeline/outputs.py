@@ -1,0 +1,44 @@
+"""What every tool writes beside its results: atomic JSON files, the git revision, file digests,
+and a progress bar on stderr. One home, so every report records its revision the same way."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+
+def git_revision() -> str:
+    """The checkout's HEAD commit, or "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write `data` as JSON through a temporary file, so a reader never sees half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(p)
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True):
+    """A tqdm bar on stderr (silent when not enabled)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+
+
+def hash_file(path: str | Path, h=None):
+    """`h` (a new sha256 by default) updated with the file's bytes, read in 4 MiB chunks."""
+    h = h if h is not None else hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h
