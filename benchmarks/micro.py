@@ -1,4 +1,8 @@
-"""Micro-benchmarks behind the entries of benchmarks/NOTES.md (one thread, medians of repeats).
+"""Micro-benchmarks of one policy's building blocks, fp32 and bf16 (one thread, medians of 30 repeats).
+
+Vision on two views (batched vs one call per view), the prompt prefill (the lean `llama_forward` vs
+the model's own forward), the fused prefill-verify forward (prompt + 35 tree tokens) and one decode
+on the KV cache. Random images, the model's real weights.
 
     python benchmarks/micro.py --model artifacts/tiny/model [--json benchmarks/micro_tiny.json]
 """

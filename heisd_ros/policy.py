@@ -1,4 +1,4 @@
-"""Assemble a HybridDecoder from files: model, drafter, database, calibration.
+"""Assemble a HybridDecoder from files: model (with its state prior), drafter, database, calibration.
 
 `model_dir="tiny"` builds (once, cached under `tiny_cache_dir`) the tiny policy from synthetic
 demonstrations; every other value is a local model directory (offline, never a hub).
@@ -14,9 +14,9 @@ from pathlib import Path
 from heisd_ros.pipeline.calibration import apply_calibration
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import load_drafter
-from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder, query_dim
+from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
 from heisd_ros.core.errors import DatabaseUnavailableError, EmptyDatabaseError, ModelLoadError
-from heisd_ros.models.loader import DTYPES, load_vla
+from heisd_ros.models.loader import DTYPES, load_policy_model
 
 log = logging.getLogger(__name__)
 DEFAULT_TINY_DIR = Path("artifacts/tiny")
@@ -116,8 +116,11 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
 
 
 def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig | None = None, store=None) -> HybridDecoder:
+    """The decoder of `cfg.method` over the files in `paths`: the model and its state prior, the
+    drafter and the database where the method needs them, the calibration applied. `store`: an
+    open database to use instead of opening one."""
     paths = resolve_paths(paths)
-    vla = load_vla(paths.model_dir, dtype=cfg.dtype, device=cfg.device)
+    vla, state_prior = load_policy_model(paths.model_dir, dtype=cfg.dtype, device=cfg.device)
     drafter = None
     if cfg.method in NEEDS_DRAFTER:
         if not paths.drafter_dir:
@@ -128,7 +131,7 @@ def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig |
         # the same path open_store opens: an explicit db_path wins over the store config's
         cfg = resolve_query_views(cfg, paths.db_path or (store_cfg.path if store_cfg is not None else ""))
     if store is None and cfg.method in NEEDS_STORE:
-        per_view = query_dim(vla)  # not every backbone says
-        obs_dim = cfg.query_view_count * per_view if isinstance(per_view, int) else None
+        per_view = vla.query_dim  # not every backbone says
+        obs_dim = cfg.query_view_count * per_view if per_view is not None else None
         store = open_store(cfg, paths, store_cfg, obs_dim=obs_dim, feat_dim=vla.hidden_size)
-    return HybridDecoder(vla, cfg, store=store, drafter=drafter)
+    return HybridDecoder(vla, cfg, store=store, drafter=drafter, state_prior=state_prior)

@@ -22,7 +22,7 @@ $H calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos $D --task
     --out artifacts/mini_calibration.json --plots artifacts/mini_calibration_plots
 # 5. the compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed;
 #    docs/mini_vla.md, "The demo on a fresh clone"), only with PUBLISH=1: a rebuild is not bit-identical
-#    (benchmarks/NOTES.md entry 23), so it would silently replace the shipped policy. Commit a new copy
+#    (training is not deterministic across machines), so it would silently replace the shipped policy. Commit a new copy
 #    only for a policy worth shipping: each adds about 35 MB to the git history.
 if [ "${PUBLISH:-0}" = 1 ]; then
     $H publish-mini --model artifacts/mini_vla --drafter artifacts/mini_drafter \

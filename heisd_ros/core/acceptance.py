@@ -1,4 +1,4 @@
-"""Acceptance rules and the tree walk that applies them (DESIGN §7).
+"""Acceptance rules and the tree walk that applies them (docs/design.md §7).
 
 Rules compare draft bins with the target's argmax bins (bin = vocab_size - token id, so a bin
 distance is an action distance):

@@ -1,4 +1,4 @@
-"""OpenVLA action tokenizer and (un)normalisation (DESIGN §3).
+"""OpenVLA action tokenizer and (un)normalisation (docs/design.md §3).
 
 256 uniform bins over [-1, 1]; token id = vocab_size - digitize(a); decoding goes through the 255
 bin centres. A token's *bin* (used by the relaxed acceptance rules) is `vocab_size - token`, in

@@ -17,7 +17,7 @@ from typing import Any, Mapping, TypeVar
 from heisd_ros.core.errors import ConfigError
 
 METHODS = ("ar", "drafter", "specvla", "retrieval", "heisd")
-"""Decoding methods; the baselines are the same engine with switches (DESIGN §2)."""
+"""Decoding methods; the baselines are the same engine with switches (docs/design.md §2)."""
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ def _require(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class AcceptanceConfig:
-    """Thresholds of the acceptance rules, in action bins (DESIGN §7)."""
+    """Thresholds of the acceptance rules, in action bins (docs/design.md §7)."""
 
     max_token_bias_bins: int = 15
     """Sequence-wise rule: every token of a group may differ from the target by at most this."""
@@ -46,7 +46,7 @@ class AcceptanceConfig:
 
 @dataclass(frozen=True)
 class DrafterTreeConfig:
-    """EAGLE-2 dynamic draft tree (DESIGN §2.4)."""
+    """EAGLE-2 dynamic draft tree (docs/design.md §2)."""
 
     depth: int = 6
     """Maximum draft depth (tokens ahead of the pending token)."""
@@ -58,8 +58,7 @@ class DrafterTreeConfig:
     """Stop deepening once the best frontier path's drafter probability is below this (0 = always
     draft to `depth`). A deeper draft the verifier will almost surely reject only costs drafter
     calls and verification width; this keeps strict drafter SD from being slower than AR where
-    the drafter is unsure. 0.1 ~ the cost of a drafter call over a verification forward; measured
-    on the LIBERO mini model (bench --demos, 10 held-out episodes): 0 -> 1.14x, 0.1 -> 1.20x, 0.3 -> 1.13x."""
+    the drafter is unsure. 0.1 is about the cost of a drafter call relative to a verification forward."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.depth <= 6, "drafter depth must be in [1, 6] (7 tokens per step)")
@@ -70,14 +69,14 @@ class DrafterTreeConfig:
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Retrieval drafts from the demonstration database (DESIGN §2.3, §7)."""
+    """Retrieval drafts from the demonstration database (docs/design.md §2, §7)."""
 
     top_k: int = 5
     """Hits fetched per query (Top-K)."""
     max_tree_nodes: int = 32
-    """Cap on sequence-tree nodes fused into the prefill forward. Measured on the tiny CPU model
-    (33-token prompt): prefill alone 4.3 ms, +20 nodes 5.8 ms, +50 nodes 8.8 ms; whole branches
-    are added best hit first, so the cap drops the least likely recombinations."""
+    """Cap on sequence-tree nodes fused into the prefill forward. Every node widens that forward,
+    so the cap bounds the cost of a verified retrieval step. Only whole branches are added, so a
+    capped tree still holds complete candidates (which ones: docs/design.md §7)."""
     query_views: int = 0
     """How many leading views of `DecoderConfig.views` the retrieval query pools (0 = all). It
     must match the database: `heisd build-db --query-views N` records N in its manifest, and a
@@ -86,10 +85,10 @@ class RetrievalConfig:
 
     position_pool: int = 0
     """0 = off. Otherwise fetch this many hits by embedding similarity and keep the `top_k` whose
-    recorded end-effector position is nearest the robot's (1 for `retrieval`). Why (benchmarks/NOTES.md
-    38-41): on LIBERO-Object a lookup of the nearest demo step by position solves half the
-    evaluation screen, where neighbours by image embedding come from the right phase but often from
-    a hand a few centimetres away, whose action then steers the wrong way."""
+    recorded end-effector position is nearest the robot's (1 for `retrieval`). Neighbours by image
+    embedding come from the right phase of a task but often from a hand a few centimetres away,
+    whose action then steers the wrong way; a demonstration step taken where the hand is now is
+    the better draft."""
 
     def __post_init__(self) -> None:
         _require(1 <= self.top_k <= 64, "retrieval top_k must be in [1, 64]")
@@ -101,7 +100,7 @@ class RetrievalConfig:
 
 @dataclass(frozen=True)
 class FusedMetricConfig:
-    """Kinematic fused metric F = alpha*Norm(R) + (1-alpha)*Norm(D) (DESIGN §5)."""
+    """Kinematic fused metric F = alpha*Norm(R) + (1-alpha)*Norm(D) (docs/design.md §5)."""
 
     window_steps: int = 15
     """w: end-effector positions in the sliding window."""
@@ -136,7 +135,7 @@ class FusedMetricConfig:
 
 @dataclass(frozen=True)
 class VerifySkipConfig:
-    """Adaptive verify-skip (DESIGN §6, Algorithm 1)."""
+    """Adaptive verify-skip (docs/design.md §6)."""
 
     enabled: bool = True
     """Allow skipping verification of retrieval drafts (heisd only)."""
@@ -171,7 +170,7 @@ class VerifySkipConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """Demonstration database (DESIGN §4)."""
+    """Demonstration database (docs/design.md §4)."""
 
     backend: str = "edge"
     """'edge' (embedded Qdrant Edge, default), 'local' (qdrant-client local mode) or 'remote' (URL)."""

@@ -1,4 +1,4 @@
-"""HybridDecoder: one control step of HeiSD and of every baseline (DESIGN §2).
+"""HybridDecoder: one control step of HeiSD and of every baseline (docs/design.md §2).
 
     step(obs): fused metric -> mode -> vision (one batch: every view if the step retrieves,
                else the prompt's views)
@@ -6,9 +6,12 @@
                drafter:   prefill -> EAGLE-2 tree -> verify -> accept ... until 7 tokens
                -> detokenize -> (action, StepStats)
 
-Baselines are switches of the same engine (DESIGN §2): `ar`, `drafter` (strict D-SD), `specvla`
+Baselines are switches of the same engine: `ar`, `drafter` (strict D-SD), `specvla`
 (D-SD + token-relaxed acceptance), `retrieval` (Top-1 chain fused into the prefill, strict,
 no skip, AR continuation), `heisd` (all of the above).
+
+The engine reaches the model only through `core.model_api.VLA`, and an optional state prior only
+through `core.model_api.ActionPrior`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from heisd_ros.core.drafter import DrafterSession, EagleDrafter
 from heisd_ros.core.errors import DatabaseError, InvalidObservationError, UnknownTaskError
 from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.kinematics import FusedMetric
+from heisd_ros.core.model_api import VLA, ActionPrior
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats
@@ -36,40 +40,26 @@ NEEDS_DRAFTER = ("drafter", "specvla", "heisd")
 NEEDS_STORE = ("retrieval", "heisd")
 
 
-def embed_views(vla, images: list[np.ndarray], backbone=None,
+def embed_views(vla: VLA, images: list[np.ndarray], backbone=None,
                 query_views: int | None = None) -> tuple[np.ndarray, torch.Tensor]:
     """Backbone on all views in one batch -> (retrieval query [Q*C] unit norm, patches [V, N, C]).
 
     The query is the per-view mean over patches of the first `query_views` views (None: all),
-    concatenated and L2-normalised (DESIGN §2.1); database builders call this too, so stored and
-    live queries are the same function. A backbone with `query_dim` pools only its first
-    `query_dim` channels (multi-scale tokens keep the stride-32 query). `backbone`: a callable
-    standing in for `vla.vision_backbone` (the decoder's traced copy).
+    concatenated and L2-normalised (docs/design.md §2); database builders call this too, so stored
+    and live queries are the same function. `backbone`: a callable standing in for
+    `vla.vision_backbone` (the decoder's traced copy).
     """
     patches = (backbone or vla.vision_backbone)(vla.preprocess(images))
-    pooled = patches[:query_views, :, : query_dim(vla)].float().mean(dim=1).flatten()
+    pooled = patches[:query_views].float().mean(dim=1).flatten()
     return (pooled / pooled.norm().clamp_min(1e-12)).cpu().numpy(), patches
 
 
-def query_dim(vla) -> int | None:
-    """Channels per view in the retrieval query (None: all; OpenVLA's backbone does not say)."""
-    return vla.vision_backbone.query_dim
-
-
-def prompt_patches(vla, patches: torch.Tensor) -> torch.Tensor:
+def prompt_patches(vla: VLA, patches: torch.Tensor) -> torch.Tensor:
     """Patch features of all views [V, N, C] -> the ones the prompt reads [V_prompt * N, C]."""
     n = vla.prompt_views
     if patches.shape[0] < n:
         raise InvalidObservationError(f"the model's prompt reads {n} views, the policy gives {patches.shape[0]}")
     return patches[:n].flatten(0, 1)
-
-
-def action_logit_bias(vla, obs: Observation) -> torch.Tensor | None:
-    """The model's state prior for this observation [7, 256] (None: no prior, or not this task)."""
-    prior = getattr(vla, "state_prior", None)
-    if prior is None:
-        return None
-    return prior.bias(obs.instruction, obs.ee_pos, obs.gripper_gap)
 
 
 class _StepDecode:
@@ -135,9 +125,13 @@ def nearest_in_position(hits: list[Hit], ee_pos: np.ndarray, k: int) -> list[Hit
 
 
 class HybridDecoder:
-    """`step(observation) -> (action, StepStats)` for one of the methods in `config.METHODS`."""
+    """`step(observation) -> (action, StepStats)` for one of the methods in `config.METHODS`.
 
-    def __init__(self, vla, cfg: DecoderConfig, store=None, drafter: EagleDrafter | None = None) -> None:
+    `state_prior`: an optional bias over the action bins from the robot's state, added to the
+    logits every method takes its argmax over, so AR and speculative methods still agree."""
+
+    def __init__(self, vla: VLA, cfg: DecoderConfig, store=None, drafter: EagleDrafter | None = None,
+                 state_prior: ActionPrior | None = None) -> None:
         _require(cfg.method not in NEEDS_DRAFTER or drafter is not None, f"method {cfg.method!r} needs a drafter")
         _require(cfg.method not in NEEDS_STORE or store is not None, f"method {cfg.method!r} needs a database")
         _require(len(cfg.views) >= vla.prompt_views,
@@ -147,6 +141,7 @@ class HybridDecoder:
         self.backbone = ShapeTracedModule(vla.vision_backbone)  # same outputs, ~20 % less time
         self.store = store
         self.drafter = drafter
+        self.state_prior = state_prior
         self.stats_norm = vla.stats(cfg.unnorm_key or None)
         self.vocab_size = vla.action_tokenizer.vocab_size
         self.head = vla.action_head_weight()
@@ -163,17 +158,10 @@ class HybridDecoder:
         self.last_query: np.ndarray | None = None
 
     @property
-    def last_gripper_command(self) -> float:
-        """The gripper command executed last (+1 close, -1 open; after the debounce, when on): a
-        prompt input for models with `proprio_prev_gripper`. An episode starts open."""
-        return self.gripper.state
-
-    @property
     def reads_finger_gap(self) -> bool:
-        """Whether every observation must carry `gripper_gap` (the model's state token or its
+        """Whether every observation must carry `gripper_gap` (the model's state token or the
         state prior reads it)."""
-        return (bool(getattr(getattr(self.vla, "cfg", None), "proprio_gripper_gap", False))
-                or getattr(self.vla, "state_prior", None) is not None)
+        return self.vla.reads_gripper_gap or self.state_prior is not None
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, instruction: str | None = None) -> None:
@@ -308,15 +296,19 @@ class HybridDecoder:
             visual = self.vla.projector(patches)
         with self._timed(lat, "prompt"):
             prompt = self.vla.prompt_embeds(obs.instruction, visual, state=obs.ee_pos,
-                                            prev_gripper=self.last_gripper_command,
-                                            gripper_dwell=self.gripper.dwell,
                                             gripper_gap=obs.gripper_gap)[0]
-            bias = action_logit_bias(self.vla, obs)
+            bias = self._prior_bias(obs)
         target = TargetSession(self.vla.language_model, self.head, logit_bias=bias)
         drafter = None
         if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:
             drafter = DrafterSession(self.drafter, self.vla.get_input_embeddings(), self.head, logit_bias=bias)
         return _StepDecode(target, drafter, prompt)
+
+    def _prior_bias(self, obs: Observation) -> torch.Tensor | None:
+        """The state prior's bias for this observation [7, 256] (None: no prior, or not this task)."""
+        if self.state_prior is None:
+            return None
+        return self.state_prior.bias(obs.instruction, obs.ee_pos, obs.gripper_gap)
 
     def _finish(self, decode: _StepDecode, st: StepStats, lat: dict) -> None:
         """Complete the step to 7 tokens: AR for `ar`/`retrieval`, drafter SD otherwise."""

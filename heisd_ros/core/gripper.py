@@ -1,10 +1,9 @@
 """Gripper command debounce: the executed open/close state changes only after the policy asked
 for the change on `hold_steps` consecutive control steps.
 
-Why: a VLA whose gripper token flips between open and close from one step to the next (the mini
-VLA off its demonstrations: 16-115 flips per failed LIBERO episode, against 2 in every demo,
-benchmarks/NOTES.md entry 28) can never keep a grasp. A real gripper also needs several control
-steps to close. 0 turns it off (OpenVLA executes every step's own command).
+Why: a VLA whose gripper token flips between open and close from one step to the next can never
+keep a grasp, and a real gripper needs several control steps to close. 0 turns it off (OpenVLA
+executes every step's own command).
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ def finger_gap(finger_positions) -> float:
 
 
 class GripperDebounce:
+    """The executed gripper command (+1 close, -1 open), changed after `hold_steps` asks in a row."""
+
     def __init__(self, hold_steps: int, initial: float = -1.0) -> None:
         if hold_steps < 0:
             raise ValueError("hold_steps must be >= 0")
@@ -40,9 +41,6 @@ class GripperDebounce:
     def reset(self) -> None:
         self.state = self.initial  # LIBERO and the demos start with the gripper open
         self.votes = 0
-        self.dwell = 0
-        """Steps for which `state` has been executed without a change (0 before the first step):
-        a prompt input for models with `proprio_gripper_dwell`."""
 
     def __call__(self, value: float) -> tuple[float, bool]:
         """(executed command +1 close / -1 open, whether the policy's own command was held back)."""
@@ -54,6 +52,5 @@ class GripperDebounce:
         else:
             self.votes = 0
             executed = wanted
-        self.dwell = self.dwell + 1 if executed == self.state else 1
         self.state = executed
         return executed, held

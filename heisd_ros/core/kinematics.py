@@ -1,4 +1,4 @@
-"""Kinematic fused metric F that picks the draft source of each control step (DESIGN §5).
+"""Kinematic fused metric F that picks the draft source of each control step (docs/design.md §5).
 
 F = alpha * Norm(R) + (1 - alpha) * Norm(D) over a sliding window of end-effector positions:
 R is the curvature radius of the window, D its cumulative displacement. Large F (fast, straight,

@@ -1,7 +1,8 @@
-"""What the decoding core needs from a VLA: OpenVLA's surface, as a Protocol.
+"""What the decoding core needs from a VLA (OpenVLA's surface) and from an action prior, as Protocols.
 
 `heisd_ros.models.vla.VLAModel` (tiny and mini models) and `heisd_ros.models.openvla.OpenVLAAdapter`
-(real OpenVLA checkpoints) implement it; the engine never imports either.
+(real OpenVLA checkpoints) implement `VLA`; `heisd_ros.models.state_prior.StatePrior` implements
+`ActionPrior`. The engine never imports any of them.
 """
 
 from __future__ import annotations
@@ -20,10 +21,17 @@ class VLA(Protocol):
     projector: torch.nn.Module
     """patch features [N, C_vis] -> LLM embeddings [N, D]."""
     language_model: torch.nn.Module
-    """A transformers LLaMA-family *ForCausalLM (its `.model` and `.lm_head` are used)."""
+    """A transformers LLaMA-family *ForCausalLM (its `.model`, `.config` and `.lm_head` are used)."""
     action_tokenizer: ActionTokenizer
     prompt_views: int
     """How many of the policy's views (primary first) the prompt reads: OpenVLA 1."""
+    reads_gripper_gap: bool
+    """Whether `prompt_embeds` needs the finger gap (every observation must then carry it)."""
+
+    @property
+    def query_dim(self) -> int | None:
+        """Channels per view of the retrieval query (None: the backbone does not say)."""
+        ...
 
     @property
     def hidden_size(self) -> int: ...
@@ -31,20 +39,15 @@ class VLA(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    @property
-    def dtype(self) -> torch.dtype: ...
-
     def preprocess(self, images: list[np.ndarray]) -> torch.Tensor:
         """RGB uint8 [H, W, 3] per view -> pixels [V, C, S, S]; InvalidObservationError on bad input."""
         ...
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      prev_gripper: float | None = None, gripper_dwell: int | None = None,
                       gripper_gap: float | None = None) -> torch.Tensor:
         """visual [V*N, D] -> inputs_embeds [1, T, D] in OpenVLA's order (BOS, patches, prompt text);
-        `state` (end-effector position [3]) and `prev_gripper` (the previous step's gripper command,
-        +1 close / -1 open), `gripper_dwell` (for how many steps that command has been executed) and
-        `gripper_gap` (the opening between the fingers, m) are read only by models that take them."""
+        `state` (end-effector position [3]) and `gripper_gap` (the opening between the fingers, m)
+        are read only by models that take them."""
         ...
 
     def get_input_embeddings(self) -> torch.nn.Embedding: ...
@@ -54,3 +57,13 @@ class VLA(Protocol):
         ...
 
     def stats(self, unnorm_key: str | None = None) -> NormStats: ...
+
+
+class ActionPrior(Protocol):
+    """A per-step bias over each action dimension's 256 bins from the robot's state, added to the
+    action logits the verifier (and the drafter) take their argmax over."""
+
+    def bias(self, instruction: str, ee_pos, gripper_gap: float | None) -> torch.Tensor | None:
+        """[7, 256] in action-column order (column j = token first_token_id + j), or None where
+        the prior does not know the task (the VLA then decides alone)."""
+        ...

@@ -77,15 +77,17 @@ def chain_tree(tokens: list[int] | np.ndarray) -> DraftTree:
 
 
 def sequence_tree(drafts: list[tuple[int, ...]], start: int = 0, max_nodes: int = 1024) -> DraftTree:
-    """The Top-K sequence tree of DESIGN §7 for action tokens [start, 7).
+    """The Top-K sequence tree (docs/design.md §7) for action tokens [start, 7).
 
     drafts: the K hits' 7 action tokens, best hit first. Structure: root -> distinct position
     groups -> under each, every distinct rotation group of all K hits (groups of different hits
     may combine) -> under each rotation group, the gripper token(s) of the hit(s) that rotation
     group came from (never recombined). Groups are inserted as token chains in a trie, so equal
     groups and equal prefixes are merged. Groups before `start` are dropped; a group cut by
-    `start` keeps its tail. Whole branches are added best-hit first until `max_nodes` would be
-    exceeded, so a capped tree is still made of complete candidates.
+    `start` keeps its tail. Branches are added position group by position group (the best hit's
+    first), each with every rotation group under it, and adding stops at the first branch that
+    would exceed `max_nodes`: a capped tree is made of complete candidates, but it can lack a
+    lower-ranked hit's own path (known; docs/design.md §7).
     """
     if not drafts:
         return DraftTree()

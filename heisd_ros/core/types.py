@@ -10,7 +10,7 @@ import numpy as np
 ACTION_DIM = 7
 """X, Y, Z, rX, rY, rZ, G."""
 GROUPS: tuple[tuple[int, int], ...] = ((0, 3), (3, 6), (6, 7))
-"""Kinematic groups [start, end) over the action tokens: position, rotation, gripper (DESIGN §7)."""
+"""Kinematic groups [start, end) over the action tokens: position, rotation, gripper (docs/design.md §7)."""
 GRIPPER_INDEX = 6
 
 
@@ -44,7 +44,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class Hit:
-    """One retrieved demonstration step (DESIGN §4 payload + named vectors)."""
+    """One retrieved demonstration step (the database payload and named vectors, docs/design.md §4)."""
 
     score: float
     task: str

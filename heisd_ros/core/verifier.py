@@ -95,7 +95,7 @@ class TargetSession:
         self.head_weight = head_weight  # [256, D]; column j of the logits is bin 256 - j
         self.logit_bias = logit_bias
         """[7, 256] added to the action logits predicting action index i (row i), in column order:
-        the model's state prior (`models.state_prior`), fixed for the step. Every method decodes
+        the state prior (`core.model_api.ActionPrior`), fixed for the step. Every method decodes
         through this one argmax, so the bias changes the policy, never the SD/AR agreement."""
         self.embed = language_model.get_input_embeddings()
         self.cache = DynamicCache(config=language_model.config)

@@ -1,4 +1,4 @@
-"""Adaptive verify-skip: use a retrieval hit without a verification forward (DESIGN §6, Algorithm 1).
+"""Adaptive verify-skip: use a retrieval hit without a verification forward (docs/design.md §6).
 
 Online, `VerifySkipPolicy.decide` lets a hit skip verification when the live feature of the last
 verified step is close to the hit's `feat_prev` (cosine >= min_S), the end effector is close to the
@@ -252,7 +252,7 @@ def calibrate_thresholds(
     target_pass_rate: float = 0.95,
     n_bins: int = 20,
 ) -> SkipCalibration:
-    """min_S and O_dist from database pairs (Algorithm 1, offline stage).
+    """min_S and O_dist from database pairs (the offline stage of verify-skip).
 
     similarity [M]: cos(feat_i, feat_j); distance [M]: |p_i - p_j| in metres; passed [M]: whether
     j's tokens pass the sequence-relaxed check against i's. min_S is the smallest similarity s with

@@ -1,9 +1,11 @@
-"""Load VLA checkpoints from a local directory (offline; never a hub) and build tiny test models."""
+"""Load VLA checkpoints and their state priors from a local directory (offline; never a hub),
+and build tiny test models."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -11,11 +13,32 @@ import torch
 from heisd_ros.core.action_tokenizer import NormStats, load_dataset_statistics
 from heisd_ros.core.config import from_dict
 from heisd_ros.core.errors import ConfigError, ModelLoadError
-from heisd_ros.models.state_prior import load_state_prior
+from heisd_ros.core.model_api import VLA
+from heisd_ros.models.state_prior import StatePrior, load_state_prior
 from heisd_ros.models.text_tokenizer import HashWordTokenizer, HFTokenizer
 from heisd_ros.models.vla import VLAConfig, VLAModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+RETIRED_KEYS = {"proprio_prev_gripper": False, "proprio_gripper_dwell": 0, "proprio_fourier": 0}
+"""`heisd_vla` config keys of earlier versions, with the value that meant "off". Checkpoints saved
+then carry them; at that value they change nothing and are dropped."""
+RETIRED_VISION = ("efficientnet_lite0_ms",)
+
+
+def _without_retired(section: dict, config_path: Path) -> dict:
+    """The `heisd_vla` section without retired keys at their off value; a retired option that is
+    switched on is a ModelLoadError (this version cannot run that model)."""
+    if not isinstance(section, dict):
+        raise ModelLoadError(f"{config_path}: the heisd_vla section must be a mapping")
+    out = dict(section)
+    for key, off in RETIRED_KEYS.items():
+        if key in out and out.pop(key) != off:
+            raise ModelLoadError(f"{config_path}: {key} = {section[key]!r} was retired in this version; "
+                                 "this model needs an earlier heisd_ros")
+    if out.get("vision") in RETIRED_VISION:
+        raise ModelLoadError(f"{config_path}: vision {out['vision']!r} was retired in this version; "
+                             "this model needs an earlier heisd_ros")
+    return out
 
 
 def _text_tokenizer(cfg: VLAConfig, directory: Path | None):
@@ -30,7 +53,8 @@ def _text_tokenizer(cfg: VLAConfig, directory: Path | None):
 
 
 def load_vla(directory: str | Path, dtype: str = "float32", device: str = "cpu") -> VLAModel:
-    """Load a VLA saved by `VLAModel.save_pretrained` (or an OpenVLA checkpoint) from `directory`."""
+    """Load a VLA saved by `VLAModel.save_pretrained` (or an OpenVLA checkpoint) from `directory`
+    (its state prior, if any, is `load_state_prior(directory)`)."""
     d = Path(directory)
     config_path = d / "config.json"
     if not config_path.is_file():
@@ -46,16 +70,28 @@ def load_vla(directory: str | Path, dtype: str = "float32", device: str = "cpu")
         return load_openvla(d, dtype=dtype, device=device)
     if model_type != "heisd_vla":
         raise ModelLoadError(f"{config_path}: unsupported model_type {model_type!r}")
+    if "heisd_vla" not in meta:
+        raise ModelLoadError(f"{config_path}: no heisd_vla section")
     try:
-        cfg = from_dict(VLAConfig, meta["heisd_vla"])
-    except (KeyError, ConfigError, TypeError) as err:
+        cfg = from_dict(VLAConfig, _without_retired(meta["heisd_vla"], config_path))
+    except (ConfigError, TypeError) as err:
         raise ModelLoadError(f"{config_path}: invalid heisd_vla section: {err}") from err
     stats = load_dataset_statistics(d / "dataset_statistics.json")
     model = VLAModel(cfg, stats, _text_tokenizer(cfg, d))
     _load_weights(model, d / "model.safetensors")
-    model = model.to(device=device, dtype=DTYPES[dtype]).eval()
-    model.attach_state_prior(load_state_prior(d))  # float32 on the CPU: 4 inputs, < 0.1 ms a step
-    return model
+    return model.to(device=device, dtype=DTYPES[dtype]).eval()
+
+
+class PolicyModel(NamedTuple):
+    """A model directory's VLA and its state prior (None where the directory has none)."""
+
+    vla: VLA
+    state_prior: StatePrior | None
+
+
+def load_policy_model(directory: str | Path, dtype: str = "float32", device: str = "cpu") -> PolicyModel:
+    """The VLA of `directory` and its state prior (float32 on the CPU: 4 inputs, < 0.1 ms a step)."""
+    return PolicyModel(load_vla(directory, dtype=dtype, device=device), load_state_prior(directory))
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:

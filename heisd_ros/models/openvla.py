@@ -64,9 +64,11 @@ class OpenVLAAdapter:
 
     prompt_views = 1
     """OpenVLA's prompt holds the primary view only, and no robot state."""
+    reads_gripper_gap = False
+    query_dim = None
+    """The retrieval query pools every channel (the fused backbone does not say its width)."""
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      prev_gripper: float | None = None, gripper_dwell: int | None = None,
                       gripper_gap: float | None = None) -> torch.Tensor:
         ids = self._prompt_cache.get(instruction)
         if ids is None:
@@ -97,9 +99,6 @@ class OpenVLAAdapter:
 
 class _PatchFeatures(torch.nn.Module):
     """OpenVLA's backbone returns patch features [B, N, C] for pixel_values [B, 3 or 6, S, S]."""
-
-    query_dim = None
-    """The retrieval query pools every channel (the fused backbone does not say its width)."""
 
     def __init__(self, backbone) -> None:
         super().__init__()

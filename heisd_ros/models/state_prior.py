@@ -1,10 +1,10 @@
 """A proprioceptive action prior: per task, a small MLP from (end-effector position, finger gap) to
 log-probabilities over each action dimension's 256 bins, added to the VLA's action logits.
 
-Why (benchmarks/NOTES.md 43, 44): a state policy follows the demonstrations only once it fits
-them closely (~300 passes over a task's demos); the mini VLA's LLM gets ~2.5 passes in its CPU
-hour and never reads its state token well enough. The prior is that fitted state policy (about
-a minute of training for all ten tasks); the VLA's own logits then refine it with the image.
+Why: a state policy follows the demonstrations only once it fits them closely (hundreds of
+passes over a task's demos), far more training than a VLA's LLM gets on a CPU budget, so the VLA
+never reads a state token well enough. The prior is that fitted state policy (about a minute of
+training for all ten LIBERO-Object tasks); the VLA's own logits then refine it with the image.
 
 Speculative decoding stays lossless: the prior is a per-step, per-action-index bias on the logits
 the *verifier* takes its argmax over (`core.verifier.TargetSession`), so `ar` and every
@@ -13,6 +13,8 @@ propose; they never decide a token.
 
 On disk the prior lives in the VLA's directory (`state_prior.json` + `state_prior.safetensors`),
 so a model directory is one policy; `heisd train-prior` writes a copy of a VLA directory with it.
+`heisd_ros.models.loader.load_policy_model` loads both; the decoder holds the prior
+(`HybridDecoder(..., state_prior=...)`), the VLA does not.
 """
 
 from __future__ import annotations
@@ -48,8 +50,7 @@ class StatePriorConfig:
 
     hidden: int = 256
     steps: int = 10000
-    """Optimiser steps per task. Closed-loop success grows with fit up to here (NOTES 43:
-    150 steps 0/20, 3000 steps 3-4/20, 10000 steps 6-7/20 as a policy of its own)."""
+    """Optimiser steps per task (closed-loop success grows with the fit up to about here)."""
     batch_size: int = 256
     lr: float = 1e-3
     seed: int = 0

@@ -7,7 +7,7 @@ import zlib
 from typing import Protocol
 
 PROMPT_TEMPLATE = "In: What action should the robot take to {instruction}?\nOut:"
-"""OpenVLA's prompt (DESIGN §3)."""
+"""OpenVLA's prompt (docs/design.md §3)."""
 
 
 class TextTokenizer(Protocol):

@@ -1,10 +1,11 @@
-"""An OpenVLA-shaped policy: vision backbone -> projector -> LLaMA decoder (DESIGN §3).
+"""An OpenVLA-shaped policy: vision backbone -> projector -> LLaMA decoder (docs/design.md §3).
 
-`VLAModel` exposes exactly what the decoding core needs from OpenVLA's HF class: the vision
-backbone, the projector, the language model (a transformers `LlamaForCausalLM`), its input
-embeddings, the action tokenizer and the normalisation statistics. Tiny, mini and OpenVLA-7B
-models all go through this one class, so every decoding path tested on the tiny model runs
-unchanged on the others.
+`VLAModel` implements `heisd_ros.core.model_api.VLA`, the surface of OpenVLA's HF class the
+decoding core uses: the vision backbone, the projector, the language model (a transformers
+`LlamaForCausalLM`), its input embeddings, the action tokenizer and the normalisation statistics.
+Tiny and mini models are this class; OpenVLA checkpoints are wrapped by
+`heisd_ros.models.openvla.OpenVLAAdapter` to the same surface, so every decoding path tested on
+the tiny model runs unchanged on the others.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from torch import nn
 
 from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats, select_stats
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
-from heisd_ros.core.types import gripper_command
 from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE, HFTokenizer, TextTokenizer
 
 GAP_SCALE_M = 0.04
@@ -36,8 +36,7 @@ class VLAConfig:
     """Architecture of a VLAModel; stored as config.json next to the weights."""
 
     vision: str = "tinyconv"
-    """'tinyconv' (tests), 'efficientnet_lite0' (mini VLA, real ImageNet weights) or
-    'efficientnet_lite0_ms' (the same, with multi-scale tokens; models/efficientnet.py)."""
+    """'tinyconv' (tests) or 'efficientnet_lite0' (mini VLA, real ImageNet weights)."""
     image_size: int = 64
     patch_size: int = 16
     """tinyconv only: patch grid = image_size // patch_size per side."""
@@ -52,37 +51,17 @@ class VLAConfig:
     unnorm_key: str = "default"
     prompt_views: int = 1
     """How many views' patch features enter the prompt, in the policy's view order (primary
-    first). OpenVLA uses 1; the mini VLA also reads the wrist view (2), which costs no extra
+    first). OpenVLA uses 1; the mini VLA may also read the wrist view (2), which costs no extra
     vision time because the retrieval query already embeds every view."""
     proprio_dim: int = 0
     """0: no state input (OpenVLA). 3: the end-effector position enters the prompt as one
     projected token after the patches, normalised by `proprio_mean` / `proprio_std`."""
     proprio_mean: tuple[float, ...] = ()
     proprio_std: tuple[float, ...] = ()
-    proprio_prev_gripper: bool = False
-    """The state token also reads the previous step's gripper command (+1 close, -1 open; -1 at an
-    episode's start). Descending to an object and lifting it pass through the same poses and
-    nearly the same images; only the gripper state tells them apart (NOTES 18)."""
-    proprio_gripper_dwell: int = 0
-    """> 0: the state token also reads for how many steps the previous gripper command has been
-    executed without a change, as min(steps, this cap) / cap. The expert holds still for a fixed
-    number of steps after closing (and after opening) before it moves on; in one frame the first
-    and the last of those steps look alike, so a policy without the count sits on "hold" forever
-    (NOTES 31, 33). The node counts its own executed commands, so no extra topic is needed.
-    The count carries no sign: with the command itself in the prompt (`proprio_prev_gripper`) the
-    policy copies it and never closes (NOTES 33), while the count alone says nothing about which
-    command comes next."""
     proprio_gripper_gap: bool = False
-    """The state token also reads the opening between the fingers (m), as gap / GAP_SCALE_M. Closed
-    loop, a lookup table over the demos on the end-effector position plus this gap solves half of
-    LIBERO-Object, on position plus the dwell count a fifth (NOTES 38): the gap says whether the
-    fingers are open, closing, or holding something. (Learned state policies do not separate the
-    two within their seed spread, NOTES 43.)"""
-    proprio_fourier: int = 0
-    """> 0: the state token also reads sin and cos of the normalised position at this many
-    octaves (2^k * pi * x, k < n). A linear token moves by 0.1 of its unit per centimetre, which
-    the policy learns to ignore beside the image (a 4 cm offset did not change one action token,
-    NOTES 35); at 6 octaves the finest period is ~6 mm of travel."""
+    """The state token also reads the opening between the fingers (m), as gap / GAP_SCALE_M: it
+    says whether the fingers are open, closing, or holding something, which the end-effector
+    position alone does not."""
 
     def __post_init__(self) -> None:
         if self.prompt_views < 1:
@@ -90,23 +69,14 @@ class VLAConfig:
         if self.proprio_dim < 0 or (self.proprio_dim and not (
                 len(self.proprio_mean) == len(self.proprio_std) == self.proprio_dim)):
             raise ModelLoadError("proprio_dim needs proprio_mean and proprio_std of that length")
-        if self.proprio_prev_gripper and not self.proprio_dim:
-            raise ModelLoadError("proprio_prev_gripper needs proprio_dim > 0 (it rides on the state token)")
-        if self.proprio_gripper_dwell < 0 or (self.proprio_gripper_dwell and not self.proprio_dim):
-            raise ModelLoadError("proprio_gripper_dwell must be >= 0 and needs proprio_dim > 0 "
-                                 "(it rides on the state token)")
         if self.proprio_gripper_gap and not self.proprio_dim:
             raise ModelLoadError("proprio_gripper_gap needs proprio_dim > 0 (it rides on the state token)")
-        if self.proprio_fourier < 0 or (self.proprio_fourier and not self.proprio_dim):
-            raise ModelLoadError("proprio_fourier must be >= 0 and needs proprio_dim > 0 (it rides on the state token)")
         if any(s <= 0 for s in self.proprio_std):
             raise ModelLoadError("proprio_std must be > 0")
         if self.vision not in VISION_BACKBONES:
             raise ModelLoadError(f"unknown vision backbone {self.vision!r}; known: {sorted(VISION_BACKBONES)}")
         if self.image_size < 8:
             raise ModelLoadError("image_size must be >= 8")
-        if self.vision == "efficientnet_lite0_ms" and self.image_size % 32:
-            raise ModelLoadError(f"vision {self.vision!r} needs image_size a multiple of 32, got {self.image_size}")
 
 
 class TinyConvBackbone(nn.Module):
@@ -116,7 +86,7 @@ class TinyConvBackbone(nn.Module):
         super().__init__()
         self.patch = nn.Conv2d(3, cfg.vision_dim, cfg.patch_size, stride=cfg.patch_size)
         self.mix = nn.Conv2d(cfg.vision_dim, cfg.vision_dim, 1)
-        self.out_dim = self.query_dim = cfg.vision_dim
+        self.out_dim = cfg.vision_dim
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = self.mix(nn.functional.gelu(self.patch(pixels)))
@@ -126,11 +96,10 @@ class TinyConvBackbone(nn.Module):
 def _efficientnet_backbone(cfg: VLAConfig) -> nn.Module:
     from heisd_ros.models.efficientnet import EfficientNetBackbone
 
-    return EfficientNetBackbone(multiscale=cfg.vision == "efficientnet_lite0_ms")
+    return EfficientNetBackbone()
 
 
-VISION_BACKBONES = {"tinyconv": TinyConvBackbone, "efficientnet_lite0": _efficientnet_backbone,
-                    "efficientnet_lite0_ms": _efficientnet_backbone}
+VISION_BACKBONES = {"tinyconv": TinyConvBackbone, "efficientnet_lite0": _efficientnet_backbone}
 
 
 class VLAModel(nn.Module):
@@ -148,25 +117,16 @@ class VLAModel(nn.Module):
             nn.Linear(self.vision_backbone.out_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden)
         )
         self.language_model = LlamaForCausalLM(llm_cfg)
-        state_in = (cfg.proprio_dim * (1 + 2 * cfg.proprio_fourier) + int(cfg.proprio_prev_gripper)
-                    + int(cfg.proprio_gripper_dwell > 0) + int(cfg.proprio_gripper_gap))
+        state_in = cfg.proprio_dim + int(cfg.proprio_gripper_gap)
         self.state_projector = nn.Linear(state_in, hidden) if cfg.proprio_dim else None
         self._state_mean = np.asarray(cfg.proprio_mean, dtype=np.float64)
         self._state_std = np.asarray(cfg.proprio_std, dtype=np.float64)
-        self._octaves = np.pi * 2.0 ** np.arange(cfg.proprio_fourier)  # per step on the hot path: fixed once
         self.action_tokenizer = ActionTokenizer(llm_cfg.vocab_size)
         self.norm_stats = norm_stats
         self.text_tokenizer = text_tokenizer
         self.image_mean = 0.5
         self.image_std = 0.5
         self._prompt_cache: dict[str, tuple[int, ...]] = {}
-        self.attach_state_prior(None)
-
-    def attach_state_prior(self, prior) -> None:
-        """Give the policy a proprioceptive action prior (`models.state_prior.StatePrior`) or
-        remove it (None). Kept outside the module tree: it has its own file and its own float32
-        weights, and `model.safetensors` stays the OpenVLA-shaped checkpoint it always was."""
-        object.__setattr__(self, "state_prior", prior)
 
     # -- shapes -------------------------------------------------------------------------------
     @property
@@ -180,6 +140,16 @@ class VLAModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.language_model.parameters()).device
+
+    @property
+    def query_dim(self) -> int:
+        """Channels per view of the retrieval query (the backbone's patch features)."""
+        return self.vision_backbone.out_dim
+
+    @property
+    def reads_gripper_gap(self) -> bool:
+        """Whether `prompt_embeds` needs the finger gap (`proprio_gripper_gap`)."""
+        return self.cfg.proprio_gripper_gap
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.language_model.get_input_embeddings()
@@ -223,56 +193,37 @@ class VLAModel(nn.Module):
     def prompt_views(self) -> int:
         return self.cfg.prompt_views
 
-    def state_features(self, state, prev_gripper: float | None = None,
-                       gripper_dwell: int | None = None, gripper_gap: float | None = None) -> np.ndarray:
+    def state_features(self, state, gripper_gap: float | None = None) -> np.ndarray:
         """What the state projector reads, in float64: the normalised end-effector position [3]
-        (+ its sin/cos octaves, + the previous gripper command, + the capped dwell count, + the
-        scaled finger gap)."""
+        (+ the scaled finger gap)."""
         x = np.asarray(state, dtype=np.float64).reshape(-1)
         if x.shape != (self.cfg.proprio_dim,) or not np.all(np.isfinite(x)):
             raise InvalidObservationError(f"state must be {self.cfg.proprio_dim} finite numbers, got {state!r}")
         x = (x - self._state_mean) / self._state_std
-        if self.cfg.proprio_fourier:
-            angles = np.outer(self._octaves, x).reshape(-1)
-            x = np.concatenate([x, np.sin(angles), np.cos(angles)])
-        if self.cfg.proprio_prev_gripper:
-            if prev_gripper is None or not np.isfinite(prev_gripper):
-                raise InvalidObservationError("this model reads the previous gripper command, but none was given")
-            x = np.append(x, gripper_command(prev_gripper))
-        cap = self.cfg.proprio_gripper_dwell
-        if cap:
-            if gripper_dwell is None or int(gripper_dwell) < 0:
-                raise InvalidObservationError("this model reads the gripper dwell count (steps >= 0), "
-                                              f"got {gripper_dwell!r}")
-            x = np.append(x, min(int(gripper_dwell), cap) / cap)
         if self.cfg.proprio_gripper_gap:
             if gripper_gap is None or not np.isfinite(gripper_gap) or not 0.0 <= gripper_gap <= MAX_GAP_M:
                 raise InvalidObservationError(f"this model reads the finger gap (0-{MAX_GAP_M} m), got {gripper_gap!r}")
             x = np.append(x, gripper_gap / GAP_SCALE_M)
         return x
 
-    def state_token(self, state, prev_gripper: float | None = None, gripper_dwell: int | None = None,
-                    gripper_gap: float | None = None) -> torch.Tensor:
-        """End-effector position [3] (+ previous gripper command, + for how many steps it has been
-        executed) -> one prompt token [1, D] (normalised in float64 first, so a bf16 model still
-        sees millimetres)."""
-        x = self.state_features(state, prev_gripper, gripper_dwell, gripper_gap)
+    def state_token(self, state, gripper_gap: float | None = None) -> torch.Tensor:
+        """End-effector position [3] (+ finger gap) -> one prompt token [1, D] (normalised in
+        float64 first, so a bf16 model still sees millimetres)."""
+        x = self.state_features(state, gripper_gap)
         return self.state_projector(torch.as_tensor(x, dtype=self.dtype, device=self.device))[None]
 
     def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      prev_gripper: float | None = None, gripper_dwell: int | None = None,
                       gripper_gap: float | None = None) -> torch.Tensor:
         """[BOS] + visual [V*N, D] (+ state token) + prompt text -> inputs_embeds [1, P, D]
-        (OpenVLA order; `state` is read only by a model with `proprio_dim` > 0, `prev_gripper`
-        only by one with `proprio_prev_gripper`, `gripper_dwell` by one with `proprio_gripper_dwell`,
-        `gripper_gap` by one with `proprio_gripper_gap`)."""
+        (OpenVLA order; `state` is read only by a model with `proprio_dim` > 0, `gripper_gap` only
+        by one with `proprio_gripper_gap`)."""
         ids = torch.tensor(self._prompt_ids(instruction), device=self.device)
         text = self.get_input_embeddings()(ids)
         parts = [text[:1], visual.to(text.dtype)]
         if self.state_projector is not None:
             if state is None:
                 raise InvalidObservationError("this model reads the end-effector position, but none was given")
-            parts.append(self.state_token(state, prev_gripper, gripper_dwell, gripper_gap).to(text.dtype))
+            parts.append(self.state_token(state, gripper_gap).to(text.dtype))
         return torch.cat(parts + [text[1:]], dim=0)[None]
 
     # -- persistence (OpenVLA-like directory: config.json, model.safetensors, dataset_statistics.json)
@@ -290,7 +241,5 @@ class VLAModel(nn.Module):
         if self.language_model.config.tie_word_embeddings:
             state.pop("language_model.lm_head.weight", None)
         save_file(state, str(d / "model.safetensors"))
-        if self.state_prior is not None:
-            self.state_prior.save(d)
         if self.cfg.tokenizer == "hf" and isinstance(self.text_tokenizer, HFTokenizer):
             self.text_tokenizer._tok.save_pretrained(str(d))

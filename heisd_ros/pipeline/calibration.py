@@ -1,4 +1,4 @@
-"""Offline calibration of the hybrid boundary (DESIGN §5) and verify-skip thresholds (DESIGN §6).
+"""Offline calibration of the hybrid boundary (docs/design.md §5) and the verify-skip thresholds (§6).
 
 The calibration file is JSON: {"fused_metric": {...FusedMetricConfig fields},
 "verify_skip": {"min_similarity", "max_distance_m", "enabled"}, "meta": {...}}. It is applied on
@@ -20,6 +20,7 @@ from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, VerifySkipCo
 from heisd_ros.core.errors import CalibrationError, ConfigError
 from heisd_ros.core.kinematics import FusedMetric, fit_normalisation
 from heisd_ros.core.verify_skip import calibrate_thresholds
+from heisd_ros.pipeline.outputs import write_json
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,12 @@ def calibrate(
     - tau: the F threshold that best separates steps whose best other-episode retrieval draft
       passes the sequence-relaxed check from those that do not (leave-one-episode-out).
     - min_S / O_dist from S_ij = cos(feat_i, feat_j), d_ij = |p_i - p_j| and whether j's tokens pass
-      the sequence-relaxed check against i's, over Top-K neighbour pairs (DESIGN §6 offline stage).
+      the sequence-relaxed check against i's, over Top-K neighbour pairs (the offline stage of
+      docs/design.md §6).
       live_prev: optional {(task, episode, step): the VLA's own live feature at the previous step}.
       When given, S_ij = cos(live_prev_i, feat_prev_j), exactly what the online rule compares
       (the live feature comes from the model's own tokens, the stored one from the demo's).
-    tau_rule: 'balanced' (DESIGN §5: the threshold that best separates passing from failing
+    tau_rule: 'balanced' (docs/design.md §5: the threshold that best separates passing from failing
       steps, by balanced accuracy) or 'cost' (the threshold with the least expected step time
       under `step_costs`: where drafts pass often enough, retrieval pays even if F does not
       separate; both rules are reported in meta).
@@ -72,81 +74,35 @@ def calibrate(
         raise ConfigError(f"tau_rule must be one of {TAU_RULES}, got {tau_rule!r}")
     if tau_rule == "cost" and step_costs is None:
         raise ConfigError("tau_rule 'cost' needs step_costs")
-    rng = np.random.default_rng(seed)
-    rule = SequenceRelaxedRule()
-    episodes: dict[tuple[str, int], list] = {}
-    for p in points:
-        episodes.setdefault((p.task, p.episode), []).append(p)
-    for eps in episodes.values():
-        eps.sort(key=lambda p: p.step)
-    trajs = [np.stack([p.ee_pos for p in eps]) for eps in episodes.values()]
-    norm = fit_normalisation(trajs, fused.window_steps, fused)
+    episodes = _episodes(points)
+    norm = fit_normalisation([np.stack([p.ee_pos for p in eps]) for eps in episodes.values()],
+                             fused.window_steps, fused)
     fused = dataclasses.replace(fused, **norm)
-    # F of every step along its own episode (what the live metric would have seen).
-    f_of: dict[int, float] = {}
-    for eps in episodes.values():
-        metric = FusedMetric(fused)
-        for p in eps:
-            metric.push(p.ee_pos)
-            v = metric.value()
-            if v is not None:
-                f_of[id(p)] = v
-    all_points = [p for eps in episodes.values() for p in eps]
-    if len(all_points) > max_points:
-        all_points = [all_points[i] for i in rng.choice(len(all_points), max_points, replace=False)]
+    f_of = _fused_along_episodes(episodes, fused)
+    sample = [p for eps in episodes.values() for p in eps]
+    if len(sample) > max_points:
+        rng = np.random.default_rng(seed)
+        sample = [sample[i] for i in rng.choice(len(sample), max_points, replace=False)]
     by_task: dict[str, list] = {}
     for eps in episodes.values():
         by_task.setdefault(eps[0].task, []).extend(eps)
-    sims, dists, passed, pair_f, f_vals, f_pass = [], [], [], [], [], []
+    pairs = _Pairs()
     for task, members in by_task.items():
-        obs = np.stack([m.obs for m in members])
-        obs = obs / np.linalg.norm(obs, axis=1, keepdims=True)
-        feats = np.stack([m.feat for m in members])
-        feats = feats / np.linalg.norm(feats, axis=1, keepdims=True)
-        eps_ids = np.array([m.episode for m in members])
-        index = {id(m): k for k, m in enumerate(members)}
-        for p in all_points:
-            if p.task != task:
-                continue
-            i = index[id(p)]
-            score = obs @ obs[i]
-            score[eps_ids == eps_ids[i]] = -np.inf  # leave the episode out
-            order = np.argsort(-score)[:neighbours]
-            ok_any = False
-            for j in order:
-                if not np.isfinite(score[j]):
-                    continue
-                ok = passes_sequence_rule(members[j].action_tokens, p.action_tokens, rule)
-                ok_any |= ok
-                if live_prev is not None and (p.task, p.episode, p.step) in live_prev:
-                    lv = live_prev[(p.task, p.episode, p.step)]
-                    pj = members[j].feat_prev
-                    sims.append(float(lv @ pj / (np.linalg.norm(lv) * np.linalg.norm(pj) + 1e-12)))
-                else:
-                    sims.append(float(feats[i] @ feats[j]))
-                dists.append(float(np.linalg.norm(p.ee_pos - members[j].ee_pos)))
-                passed.append(ok)
-                pair_f.append(f_of.get(id(p), -np.inf))
-            if id(p) in f_of:
-                f_vals.append(f_of[id(p)])
-                f_pass.append(ok_any)
-    f_arr, ok_arr = np.array(f_vals), np.array(f_pass, dtype=bool)
-    tau_balanced = _best_threshold(f_arr, ok_arr, default=fused.tau)
-    tau = tau_balanced
-    cost_meta = {}
-    if step_costs is not None:
-        tau_cost = cheapest_threshold(f_arr, ok_arr, step_costs, default=fused.tau)
-        cost_meta = {"step_costs_ms": dataclasses.asdict(step_costs),
-                     "expected_step_ms": {"balanced": expected_step_ms(f_arr, ok_arr, tau_balanced, step_costs),
-                                          "cost": expected_step_ms(f_arr, ok_arr, tau_cost, step_costs)},
-                     "tau_balanced": tau_balanced, "tau_cost": tau_cost}
-        if tau_rule == "cost":
-            tau = tau_cost
+        pairs.add_task(members, [p for p in sample if p.task == task], f_of, neighbours, live_prev)
+    f_arr, ok_arr = np.array(pairs.f_vals), np.array(pairs.f_pass, dtype=bool)
+    tau, cost_meta = _choose_tau(f_arr, ok_arr, fused.tau, tau_rule, step_costs)
     # Verify-skip is only ever considered in retrieval mode, so its thresholds are calibrated on
     # the pairs the boundary would send there (F_i >= tau).
-    in_retrieval = np.array(pair_f) >= tau
-    skip = calibrate_thresholds(np.array(sims)[in_retrieval], np.array(dists)[in_retrieval],
-                                np.array(passed, dtype=bool)[in_retrieval])
+    in_retrieval = np.array(pairs.pair_f) >= tau
+    skip = calibrate_thresholds(np.array(pairs.sims)[in_retrieval], np.array(pairs.dists)[in_retrieval],
+                                np.array(pairs.passed, dtype=bool)[in_retrieval])
+    return _calibration_file(norm, tau, skip, pairs, in_retrieval, {"tau_rule": tau_rule, **cost_meta,
+                                                                     "n_points": len(points)})
+
+
+def _calibration_file(norm: dict, tau: float, skip, pairs: _Pairs, in_retrieval: np.ndarray, meta: dict) -> dict:
+    """The calibration file's content: fused metric, verify-skip thresholds and what they came from."""
+    passed = pairs.passed
     return {
         "fused_metric": {**norm, "tau": tau},
         "verify_skip": {
@@ -155,12 +111,111 @@ def calibrate(
             "min_similarity": float(np.clip(skip.min_similarity, *VerifySkipConfig().min_similarity_bounds)),
             "max_distance_m": float(np.clip(skip.max_distance_m, *VerifySkipConfig().max_distance_bounds_m)),
         },
-        "meta": {"tau_rule": tau_rule, **cost_meta, "n_points": len(points), "n_pairs": len(sims), "pass_rate": float(np.mean(passed)) if passed else 0.0,
+        "meta": {**meta, "n_pairs": len(pairs.sims),
+                 "pass_rate": float(np.mean(passed)) if passed else 0.0,
                  "n_pairs_in_retrieval_mode": int(in_retrieval.sum()),
-                 "pass_rate_in_retrieval_mode": float(np.mean(np.array(passed)[in_retrieval])) if in_retrieval.any() else 0.0,
-                 "retrieval_pass_rate_by_f": {"f": [float(x) for x in f_vals[:2000]], "passed": [bool(x) for x in f_pass[:2000]]},
+                 "pass_rate_in_retrieval_mode":
+                     float(np.mean(np.array(passed)[in_retrieval])) if in_retrieval.any() else 0.0,
+                 "retrieval_pass_rate_by_f": {"f": [float(x) for x in pairs.f_vals[:2000]],
+                                              "passed": [bool(x) for x in pairs.f_pass[:2000]]},
                  "skip_curve": skip.curve.to_dict()},
     }
+
+
+def _episodes(points: Sequence) -> dict[tuple[str, int], list]:
+    """{(task, episode): its points in step order}."""
+    episodes: dict[tuple[str, int], list] = {}
+    for p in points:
+        episodes.setdefault((p.task, p.episode), []).append(p)
+    for eps in episodes.values():
+        eps.sort(key=lambda p: p.step)
+    return episodes
+
+
+def _fused_along_episodes(episodes: dict[tuple[str, int], list], fused: FusedMetricConfig) -> dict[int, float]:
+    """{id(point): F} of every step along its own episode (what the live metric would have seen);
+    steps before the window fills have no F."""
+    f_of: dict[int, float] = {}
+    for eps in episodes.values():
+        metric = FusedMetric(fused)
+        for p in eps:
+            metric.push(p.ee_pos)
+            v = metric.value()
+            if v is not None:
+                f_of[id(p)] = v
+    return f_of
+
+
+def _unit_rows(rows: list) -> np.ndarray:
+    a = np.stack(rows)
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+@dataclasses.dataclass
+class _Pairs:
+    """Leave-one-episode-out Top-K neighbour pairs (step i, neighbour j) and per-step outcomes."""
+
+    sims: list = dataclasses.field(default_factory=list)
+    """S_ij per pair."""
+    dists: list = dataclasses.field(default_factory=list)
+    """d_ij (m) per pair."""
+    passed: list = dataclasses.field(default_factory=list)
+    """Whether j's tokens pass the sequence-relaxed check against i's, per pair."""
+    pair_f: list = dataclasses.field(default_factory=list)
+    """F_i per pair (-inf before the window fills)."""
+    f_vals: list = dataclasses.field(default_factory=list)
+    """F per step that has one."""
+    f_pass: list = dataclasses.field(default_factory=list)
+    """Whether any of that step's Top-K drafts passes."""
+
+    def add_task(self, members: list, queries: list, f_of: dict[int, float], neighbours: int,
+                 live_prev: dict | None) -> None:
+        """The pairs of `queries` (points of one task) against the task's other episodes in `members`."""
+        rule = SequenceRelaxedRule()
+        obs, feats = _unit_rows([m.obs for m in members]), _unit_rows([m.feat for m in members])
+        eps_ids = np.array([m.episode for m in members])
+        index = {id(m): k for k, m in enumerate(members)}
+        for p in queries:
+            i = index[id(p)]
+            score = obs @ obs[i]
+            score[eps_ids == eps_ids[i]] = -np.inf  # leave the episode out
+            ok_any = False
+            for j in np.argsort(-score)[:neighbours]:
+                if not np.isfinite(score[j]):
+                    continue
+                ok = passes_sequence_rule(members[j].action_tokens, p.action_tokens, rule)
+                ok_any |= ok
+                self.sims.append(_pair_similarity(p, members[j], feats[i], feats[j], live_prev))
+                self.dists.append(float(np.linalg.norm(p.ee_pos - members[j].ee_pos)))
+                self.passed.append(ok)
+                self.pair_f.append(f_of.get(id(p), -np.inf))
+            if id(p) in f_of:
+                self.f_vals.append(f_of[id(p)])
+                self.f_pass.append(ok_any)
+
+
+def _pair_similarity(p, neighbour, feat_i: np.ndarray, feat_j: np.ndarray, live_prev: dict | None) -> float:
+    """S_ij: the live feature of i's previous step against j's stored `feat_prev` where known (what
+    the online rule compares), else the two stored features (unit rows)."""
+    key = (p.task, p.episode, p.step)
+    if live_prev is not None and key in live_prev:
+        lv, pj = live_prev[key], neighbour.feat_prev
+        return float(lv @ pj / (np.linalg.norm(lv) * np.linalg.norm(pj) + 1e-12))
+    return float(feat_i @ feat_j)
+
+
+def _choose_tau(f: np.ndarray, ok: np.ndarray, default: float, tau_rule: str,
+                step_costs: StepCosts | None) -> tuple[float, dict]:
+    """(tau under `tau_rule`, meta comparing both rules when step costs are known)."""
+    tau_balanced = _best_threshold(f, ok, default=default)
+    if step_costs is None:
+        return tau_balanced, {}
+    tau_cost = cheapest_threshold(f, ok, step_costs, default=default)
+    meta = {"step_costs_ms": dataclasses.asdict(step_costs),
+            "expected_step_ms": {"balanced": expected_step_ms(f, ok, tau_balanced, step_costs),
+                                 "cost": expected_step_ms(f, ok, tau_cost, step_costs)},
+            "tau_balanced": tau_balanced, "tau_cost": tau_cost}
+    return (tau_cost if tau_rule == "cost" else tau_balanced), meta
 
 
 def expected_step_ms(f: np.ndarray, ok: np.ndarray, tau: float, costs: StepCosts) -> float:
@@ -198,11 +253,8 @@ def _best_threshold(f: np.ndarray, ok: np.ndarray, default: float) -> float:
 
 
 def save_calibration(calib: dict, path: str | Path) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(calib, indent=1))
-    tmp.replace(p)
+    """Write the calibration file (atomically: a node never reads half of it)."""
+    write_json(path, calib)
 
 
 def apply_calibration(cfg: DecoderConfig, path: str | Path | None) -> DecoderConfig:

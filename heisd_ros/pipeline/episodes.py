@@ -21,13 +21,14 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from heisd_ros.core.errors import DataFileError, HeisdError
-from heisd_ros.core.gripper import PANDA_FINGER_JOINTS, finger_gap
+from heisd_ros.core.gripper import finger_gap
+from heisd_ros.pipeline.bags import BagError, BagTopics, image_rgb, read_messages
 from heisd_ros.pipeline.data_checks import check_demo_hdf5
 
 log = logging.getLogger(__name__)
 
 VIEWS = ("agentview", "wrist")
-"""View names, primary (prompt) view first; the retrieval query uses all of them (DESIGN §2.1)."""
+"""View names, primary (prompt) view first; the retrieval query uses all of them (docs/design.md §4)."""
 HDF5_KEYS = {"agentview": "agentview_rgb", "wrist": "eye_in_hand_rgb"}
 EPISODES_PER_TASK = 1000
 
@@ -141,7 +142,7 @@ def scan_hdf5(demos: str | Path, tasks: Iterable[int] | None = None) -> list[Epi
                 if not instruction:
                     raise DemoDataError(f"{path}: data has no 'instruction' attribute")
                 dataset = str(_attr(data.attrs, "suite", "") or Path(demos).name)
-                # A second file of the same task (e.g. `heisd dagger`'s) numbers its episodes after an offset.
+                # a second file of the same task numbers its episodes after an offset
                 offset = int(_attr(data.attrs, "episode_offset", 0))
                 for name in sorted(data.keys(), key=_demo_index):
                     g = data[name]
@@ -178,20 +179,8 @@ def load_hdf5_episode(ref: EpisodeRef, with_images: bool = True) -> DemoEpisode:
 
 # -- rosbag2 -------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class BagTopicNames:
-    """Topics read from a recording (the policy node's, as `heisd gen-demos` exports them)."""
-
-    images: tuple[tuple[str, str], ...] = (("agentview", "/agentview/image_raw"), ("wrist", "/wrist/image_raw"))
-    ee_pose: str = "/ee_pose"
-    instruction: str = "/instruction"
-    command: str = "/arm_command"
-    joint_states: str = "/joint_states"
-    """Optional: the finger joints, for models that read the finger gap (older bags lack it)."""
-    finger_joints: tuple[str, str] = PANDA_FINGER_JOINTS
-    max_skew_s: float = 0.025
-    """Largest |stamp difference| between a command and the image/pose it is paired with."""
+MAX_SKEW_S = 0.025
+"""Largest |stamp difference| between a command and the image/pose it is paired with (s)."""
 
 
 def bag_dirs(bags: str | Path) -> list[Path]:
@@ -209,58 +198,45 @@ def _bag_episode_number(bag: Path) -> int:
     return (zlib.crc32(bag.parent.name.encode()) % 100000) * EPISODES_PER_TASK + idx % EPISODES_PER_TASK
 
 
-def _stamp_ns(msg: Any, fallback: int) -> int:
-    header = getattr(msg, "header", None)
-    if header is None:
-        return fallback
-    return int(header.stamp.sec) * 1_000_000_000 + int(header.stamp.nanosec)
-
-
-def _image_array(msg: Any) -> np.ndarray:
-    """sensor_msgs/Image (rgb8 / bgr8 / rgba8 / bgra8) -> uint8 [H, W, 3] RGB."""
-    channels = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4}
-    enc = str(msg.encoding).lower()
-    if enc not in channels:
-        raise DemoDataError(f"unsupported image encoding {msg.encoding!r}")
-    raw = np.frombuffer(bytes(msg.data) if not isinstance(msg.data, np.ndarray) else msg.data, np.uint8)
-    img = raw.reshape(msg.height, msg.step)[:, : msg.width * channels[enc]].reshape(msg.height, msg.width, channels[enc])
-    img = img[..., :3]
-    return np.ascontiguousarray(img[..., ::-1] if enc.startswith("bgr") else img)
-
-
 def _nearest(stamps: np.ndarray, t: int) -> int:
     i = int(np.searchsorted(stamps, t))
     cands = [j for j in (i - 1, i) if 0 <= j < len(stamps)]
     return min(cands, key=lambda j: abs(int(stamps[j]) - t))
 
 
-def load_bag_episode(bag: str | Path, dataset: str, topics: BagTopicNames = BagTopicNames()) -> DemoEpisode:
-    """Read one recording: each command is paired with the image of every view and the pose
-    nearest to it in header stamp (within `max_skew_s`); commands without a match are dropped."""
-    from rosbags.highlevel import AnyReader, AnyReaderError
-    from rosbags.rosbag2 import ReaderError
-    from rosbags.serde import SerdeError
-
-    from heisd_ros.sim.recorder import bag_typestore
-
-    bag = Path(bag)
+def _bag_streams(bag: Path, topics: BagTopics) -> dict[str, list[tuple[int, Any]]]:
+    """topic -> [(header stamp ns, or log time without a header, message)] of the topics an episode reads."""
     wanted = {t for _, t in topics.images} | {topics.ee_pose, topics.instruction, topics.command, topics.joint_states}
     streams: dict[str, list[tuple[int, Any]]] = {t: [] for t in wanted}
     try:
-        with AnyReader([bag], default_typestore=bag_typestore()) as reader:
-            conns = [c for c in reader.connections if c.topic in wanted]
-            for conn, stamp, raw in reader.messages(connections=conns):
-                msg = reader.deserialize(raw, conn.msgtype)
-                streams[conn.topic].append((_stamp_ns(msg, stamp), msg))
-    except (AnyReaderError, ReaderError, SerdeError, OSError, KeyError, ValueError) as err:
-        raise DemoDataError(f"cannot read bag {bag}: {err}") from err
+        for r in read_messages(bag, wanted):
+            streams[r.topic].append((r.t_ns if r.stamp_ns is None else r.stamp_ns, r.msg))
+    except BagError as err:
+        raise DemoDataError(str(err)) from err
+    return streams
+
+
+def _rgb(bag: Path, msg: Any) -> np.ndarray:
+    try:
+        return image_rgb(msg)
+    except BagError as err:
+        raise DemoDataError(f"{bag}: {err}") from err
+
+
+def load_bag_episode(bag: str | Path, dataset: str, topics: BagTopics = BagTopics(),
+                     max_skew_s: float = MAX_SKEW_S) -> DemoEpisode:  # fmt: skip
+    """Read one recording on the node's topics (as `heisd gen-demos` exports them): each command is
+    paired with the image of every view and the pose nearest to it in header stamp (within
+    `max_skew_s`); commands without a match are dropped. The finger joints are optional."""
+    bag = Path(bag)
+    streams = _bag_streams(bag, topics)
     if not streams[topics.instruction]:
         raise DemoDataError(f"{bag}: no message on {topics.instruction}")
     instruction = str(streams[topics.instruction][0][1].data).strip()
     commands = sorted(streams[topics.command], key=lambda x: x[0])
     if not commands:
         raise DemoDataError(f"{bag}: no message on {topics.command}")
-    skew = int(topics.max_skew_s * 1e9)
+    skew = int(max_skew_s * 1e9)
     series = {t: sorted(streams[t], key=lambda x: x[0]) for t in [v for _, v in topics.images] + [topics.ee_pose]}
     for t, s in series.items():
         if not s:
@@ -277,11 +253,11 @@ def load_bag_episode(bag: str | Path, dataset: str, topics: BagTopicNames = BagT
         p = series[topics.ee_pose][picks[topics.ee_pose]][1].pose.position
         poses.append([p.x, p.y, p.z])
         for view, topic in topics.images:
-            frames[view].append(_image_array(series[topic][picks[topic]][1]))
+            frames[view].append(_rgb(bag, series[topic][picks[topic]][1]))
         j = _nearest(finger_stamps, stamp) if len(fingers) else -1
         finger_rows.append(fingers[j][1] if j >= 0 and abs(int(finger_stamps[j]) - stamp) <= skew else None)
     if not actions:
-        raise DemoDataError(f"{bag}: no command could be paired with images and a pose within {topics.max_skew_s} s")
+        raise DemoDataError(f"{bag}: no command could be paired with images and a pose within {max_skew_s} s")
     # the finger positions only where every kept step has them: a partial series would silently
     # mix measured and missing gaps
     qpos = np.asarray(finger_rows, float) if all(r is not None for r in finger_rows) else None

@@ -29,9 +29,8 @@ import torch
 
 from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.engine import embed_views, prompt_patches
-from heisd_ros.core.gripper import GripperDebounce
-from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, gripper_command
-from heisd_ros.models import relabel
+from heisd_ros.core.model_api import ActionPrior
+from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.pipeline.episodes import VIEWS, DemoEpisode, EpisodeRef, load_episode
 from heisd_ros.pipeline.training import Example, action_logits, greedy_decode, teacher_forced
 from heisd_ros.pipeline.outputs import hash_file, progress_bar
@@ -100,26 +99,6 @@ def primary_features(vla, images: np.ndarray, batch_size: int = 32) -> np.ndarra
     return np.concatenate(out).astype(np.float16)
 
 
-def previous_gripper(actions: np.ndarray) -> np.ndarray:
-    """Raw actions [T, 7] -> the gripper command executed before each step [T] (+1 close, -1 open);
-    -1 before the first step, as the engine assumes after a reset (the robot starts open)."""
-    prev = np.full(len(actions), -1.0)
-    prev[1:] = [gripper_command(a) for a in np.asarray(actions)[:-1, GRIPPER_INDEX]]
-    return prev
-
-
-def gripper_dwell(actions: np.ndarray) -> np.ndarray:
-    """Raw actions [T, 7] -> for how many steps before each step the previous gripper command had
-    been executed without a change [T] (0 at the first step): `GripperDebounce.dwell`, the count the
-    node feeds back, replayed over the demo's commands."""
-    debounce = GripperDebounce(0)  # the node's own counter, replayed over the demo's commands
-    dwell = np.empty(len(actions), dtype=np.int64)
-    for t, command in enumerate(np.asarray(actions)[:, GRIPPER_INDEX]):
-        dwell[t] = debounce.dwell
-        debounce(float(command))
-    return dwell
-
-
 def finger_gaps(episode: DemoEpisode) -> list[float | None]:
     """`DemoEpisode.finger_gap` of every step."""
     return [episode.finger_gap(t) for t in range(episode.length)]
@@ -130,36 +109,25 @@ def episode_tokens(vla, stats: NormStats, actions: np.ndarray) -> np.ndarray:
     return vla.action_tokenizer.encode(stats.normalise(actions))
 
 
-def training_actions(episode: DemoEpisode, relabel_grasp_dwell: bool) -> np.ndarray:
-    """The episode's action labels, with the settled grasp-dwell steps relabelled when asked
-    (`models.relabel`; an episode without finger positions, e.g. from a bag, keeps its own)."""
-    if not relabel_grasp_dwell or episode.gripper_qpos is None:
-        return episode.actions
-    return relabel.relabel_grasp_dwell(episode.actions, episode.gripper_qpos)[0]
-
-
-def episode_examples(
-    vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache | None, relabel_grasp_dwell: bool = False
-) -> list[Example]:
+def episode_examples(vla, stats: NormStats, ref: EpisodeRef, cache: FeatureCache | None) -> list[Example]:
     """One Example per step of the episode, with cached prompt-view patches (or, without a
-    cache, the prompt views' images, for a backbone that trains), the end-effector position and
-    the demo's tokens (`relabel_grasp_dwell`: see `training_actions`)."""
+    cache, the prompt views' images), the end-effector position, the finger gap and the demo's
+    tokens."""
     if cache is None:
         episode = load_episode(ref, with_images=True)
-        tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
-        prev, dwell, gap = previous_gripper(episode.actions), gripper_dwell(episode.actions), finger_gaps(episode)
+        tokens = episode_tokens(vla, stats, episode.actions)
+        gap = finger_gaps(episode)
         views = [episode.images[VIEWS[v]] for v in range(vla.prompt_views)]
-        return [Example([v[t] for v in views], episode.instruction, tokens[t], None, episode.ee_pos[t], float(prev[t]),
-                        int(dwell[t]), gripper_gap=gap[t]) for t in range(len(tokens))]
+        return [Example([v[t] for v in views], episode.instruction, tokens[t], None, episode.ee_pos[t], gap[t])
+                for t in range(len(tokens))]
     cached = ref.kind == "hdf5" and cache.is_complete(ref)
     episode = load_episode(ref, with_images=not cached)
     feats = cache.get(ref, None if cached else episode)
-    tokens = episode_tokens(vla, stats, training_actions(episode, relabel_grasp_dwell))
+    tokens = episode_tokens(vla, stats, episode.actions)
     if len(feats) != len(tokens):
         raise ValueError(f"{ref.key}: {len(feats)} cached feature rows for {len(tokens)} steps")
-    prev, dwell, gap = previous_gripper(episode.actions), gripper_dwell(episode.actions), finger_gaps(episode)
-    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], float(prev[t]), int(dwell[t]),
-                    gripper_gap=gap[t], episode_patches=feats, step=t)
+    gap = finger_gaps(episode)
+    return [Example([], episode.instruction, tokens[t], feats[t], episode.ee_pos[t], gap[t])
             for t in range(len(tokens))]
 
 
@@ -200,7 +168,7 @@ def _same_instruction_batches(examples: Sequence[Example], batch_size: int):
 
 def action_features(vla, examples: Sequence[Example], batch_size: int = 64) -> np.ndarray:
     """Mean lm_head input over the 7 action positions [len(examples), D], teacher-forcing each
-    example's tokens (DESIGN §4 `feat`), in input order."""
+    example's tokens (the database's `feat`, docs/design.md §4), in input order."""
     out = []
     with torch.inference_mode():
         for s in range(0, len(examples), batch_size):
@@ -220,11 +188,11 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
                    query_views: int = len(VIEWS)) -> list:
     """DemoPoints of one episode: obs from the first `query_views` views (`embed_views`, exactly
     the live query), feat / feat_prev by teacher-forcing the demo's own action tokens, the payload
-    of DESIGN §4."""
+    of docs/design.md §4."""
     from heisd_ros.store.schema import DemoPoint
 
     tokens = episode_tokens(vla, stats, episode.actions)
-    prev, dwell, gap = previous_gripper(episode.actions), gripper_dwell(episode.actions), finger_gaps(episode)
+    gap = finger_gaps(episode)
     queries, examples = [], []
     with torch.inference_mode():
         for t in range(episode.length):
@@ -232,7 +200,7 @@ def episode_points(vla, stats: NormStats, episode: DemoEpisode, batch_size: int 
             query, patches = embed_views(vla, views, query_views=query_views)
             queries.append(query)
             examples.append(Example([], episode.instruction, tokens[t], prompt_patches(vla, patches),
-                                    episode.ee_pos[t], float(prev[t]), int(dwell[t]), gripper_gap=gap[t]))
+                                    episode.ee_pos[t], gap[t]))
     feats = action_features(vla, examples, batch_size)
     points = []
     for t in range(episode.length):
@@ -272,8 +240,6 @@ def collect_refs(demos: str = "", bags: str = "", dataset: str = "", tasks: Sequ
     """Episodes of LIBERO HDF5 files (`demos`, optionally only task indices `tasks`) and rosbag2
     recordings (`bags`), named as `heisd build-db` names them: dataset = `dataset`, else the HDF5
     'suite' attribute, else '<parent of the bags dir>_bags'."""
-    import dataclasses
-
     from heisd_ros.pipeline.episodes import scan_bags, scan_hdf5
 
     refs: list[EpisodeRef] = []
@@ -299,12 +265,16 @@ def model_digest(model_dir: str | Path) -> str:
 class GreedyCache:
     """The VLA's own greedy decode of every step of an episode, kept on disk per model:
     `<directory>/greedy_<model digest>/<episode key>.npz` with tokens [T, 7] and f_live [T, D].
-    train-drafter (its relabelled targets) and calibrate (live features) share it."""
+    train-drafter (its relabelled targets) and calibrate (live features) share it.
+    `state_prior`: the state prior of `model_dir` (its files are part of the digest), so the
+    decodes are the tokens the engine executes."""
 
-    def __init__(self, directory: str | Path, vla, model_dir: str | Path, batch_size: int = 64) -> None:
+    def __init__(self, directory: str | Path, vla, model_dir: str | Path, batch_size: int = 64,
+                 state_prior: ActionPrior | None = None) -> None:
         self.vla = vla
         self.dir = Path(directory) / f"greedy_{model_digest(model_dir)}{_dtype_suffix(vla)}"
         self.batch_size = batch_size
+        self.state_prior = state_prior
 
     def get(self, ref: EpisodeRef, examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
         p = self.dir / f"{ref.key}.npz"
@@ -312,7 +282,8 @@ class GreedyCache:
             with np.load(p) as z:
                 if len(z["tokens"]) == len(examples):
                     return z["tokens"], z["f_live"]
-        tokens, feats = greedy_decode(self.vla, list(examples), batch_size=self.batch_size, use_cache=True)
+        tokens, feats = greedy_decode(self.vla, list(examples), batch_size=self.batch_size, use_cache=True,
+                                      state_prior=self.state_prior)
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + f".{os.getpid()}.tmp.npz")
         np.savez(tmp, tokens=tokens, f_live=feats)

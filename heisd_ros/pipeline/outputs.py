@@ -28,11 +28,11 @@ def write_json(path: str | Path, data: dict) -> None:
     tmp.replace(p)
 
 
-def progress_bar(total: int, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr (silent when not enabled)."""
+def progress_bar(total: int, desc: str, enabled: bool = True, unit: str = "it"):
+    """A tqdm bar on stderr counting `unit`s (silent when not enabled)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
 
 
 def hash_file(path: str | Path, h=None):

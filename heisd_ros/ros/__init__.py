@@ -1,9 +1,16 @@
-"""ROS 2 side of heisd_ros: the policy node and its ROS-free helpers.
+"""ROS 2 side of heisd_ros: the policy node and its helpers.
 
-- `conversions`: messages <-> numpy (images, poses, commands, stats); the only message-aware module;
-- `sync`: approximate-time synchronisation of the camera views and the pose (no ROS imports);
-- `params`: node parameters generated from the configuration dataclasses;
-- `node`: `PolicyNode` and the `policy_node` entry point.
+The node (`node.PolicyNode`, entry point `node.main`) and what it is made of:
+- `params`: node parameters generated from the configuration dataclasses; `param_file` writes them
+  out as a documented ROS 2 parameter file;
+- `sync`: approximate-time synchronisation of the camera views and the pose;
+- `step`: one control step (observation, decoder, safety checks); `worker`: the inference thread;
+- `watchdog`: withholds commands while inference overruns its budget;
+- `status`: problems, throttled warnings and step counters; `diagnostics`: the /diagnostics message;
+- `conversions`: messages <-> numpy (images, poses, commands, stats); `outputs`: the publishers;
+- `qos`, `log_bridge`, `standalone_args`: topic QoS, core warnings to /rosout, the standalone CLI.
+`playback` publishes and records bags for `heisd replay`.
 
-Nothing is imported here, so `import heisd_ros.ros.sync` stays free of rclpy.
+Nothing is imported here; `sync`, `params`, `param_file`, `status`, `watchdog`, `conversions`,
+`log_bridge` and `standalone_args` import without rclpy.
 """

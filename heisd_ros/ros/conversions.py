@@ -22,14 +22,14 @@ from heisd_ros.core.errors import InvalidObservationError
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, StepStats
 
 # encoding -> (channels, index of R, G, B within a pixel; None for mono)
-_RAW_ENCODINGS: dict[str, tuple[int, tuple[int, int, int] | None]] = {
+RAW_ENCODINGS: dict[str, tuple[int, tuple[int, int, int] | None]] = {
     "rgb8": (3, (0, 1, 2)),
     "bgr8": (3, (2, 1, 0)),
     "rgba8": (4, (0, 1, 2)),
     "bgra8": (4, (2, 1, 0)),
     "mono8": (1, None),
 }
-SUPPORTED_ENCODINGS = tuple(_RAW_ENCODINGS)
+SUPPORTED_ENCODINGS = tuple(RAW_ENCODINGS)
 MAX_IMAGE_PIXELS = 8192 * 8192
 """Frames larger than this are rejected before any allocation."""
 
@@ -84,12 +84,12 @@ def raw_to_rgb(
     `step` is the row length in bytes (>= width * channels; extra bytes are padding).
     """
     height, width, step = int(height), int(width), int(step)
-    if encoding not in _RAW_ENCODINGS:
+    if encoding not in RAW_ENCODINGS:
         raise InvalidObservationError(
             f"unsupported image encoding {encoding!r}; supported: {', '.join(SUPPORTED_ENCODINGS)}"
         )
     _check_size(height, width, expected_hw)
-    channels, order = _RAW_ENCODINGS[encoding]
+    channels, order = RAW_ENCODINGS[encoding]
     if step < width * channels:
         raise InvalidObservationError(f"row step {step} < width {width} x {channels} channels ({encoding})")
     buf = _buffer(data)
@@ -181,9 +181,9 @@ def rgb_to_image(rgb: np.ndarray, stamp_s: float, frame_id: str = "", encoding: 
     rgb = np.asarray(rgb, dtype=np.uint8)
     if rgb.ndim != 3 or rgb.shape[2] != 3:
         raise InvalidObservationError(f"expected RGB [H, W, 3], got {rgb.shape}")
-    if encoding not in _RAW_ENCODINGS:
+    if encoding not in RAW_ENCODINGS:
         raise InvalidObservationError(f"unsupported image encoding {encoding!r}")
-    channels, order = _RAW_ENCODINGS[encoding]
+    channels, order = RAW_ENCODINGS[encoding]
     if order is None:
         pixels = rgb.mean(axis=2).round().astype(np.uint8)[:, :, None]
     else:

@@ -1,4 +1,4 @@
-"""Scripted pick-and-place expert driven by privileged object poses (DESIGN §9).
+"""Scripted pick-and-place expert driven by privileged object poses (docs/design.md §9).
 
 Waypoints: above the grasp point -> descend -> close -> lift -> carry the object over the target
 (the held offset is corrected by steering the *object's* xy onto the target's) -> lower -> open
@@ -104,7 +104,7 @@ class ExpertConfig:
     waypoint_jitter_m: float = 0.0
     """Uniform jitter of the grasp point's xy and of the carry height (diversity)."""
     resync: bool = False
-    """Labelling mode (`heisd dagger`): another controller drives, so before every action the phase
+    """Labelling mode: another controller (e.g. a policy) drives, so before every action the phase
     is re-derived from the scene where it no longer fits: an object that is held is carried on
     (from any pre-grasp phase), an object lost while carrying is approached again (any number of
     times). Off for demonstrations, whose expert drives itself."""

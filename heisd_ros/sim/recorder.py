@@ -1,4 +1,4 @@
-"""Demonstration episodes: LIBERO-layout HDF5 files and rosbag2 (MCAP) export (DESIGN §4, §9).
+"""Demonstration episodes: LIBERO-layout HDF5 files and rosbag2 (MCAP) export (docs/design.md §4, §9).
 
 HDF5 layout (one file per task, as LIBERO ships its demos)::
 
@@ -14,7 +14,8 @@ HDF5 layout (one file per task, as LIBERO ships its demos)::
         obs/gripper_states [T, 2]  obs/joint_states [T, 7]
 
 The rosbag2 export puts one episode on the policy node's input topics (config/policy.yaml) at the
-20 Hz control rate, plus the demonstrated command on the node's output topic.
+20 Hz control rate, plus the demonstrated command on the node's output topic; bag I/O itself lives
+in `heisd_ros.pipeline.bags`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import HeisdError
-from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
+from heisd_ros.pipeline.bags import (
+    ARM_COMMAND, BOOL, IMAGE, JOINT_STATE, NS_PER_S, POSE, STRING, BagError, BagTopics, BagWriter,
+    arm_command_msg, header, image_msg, joint_state_msg, pose_msg,
+)
 from heisd_ros.sim.expert import rotation_error
 
 HDF5_VIEWS: dict[str, str] = {"agentview": "agentview_rgb", "wrist": "eye_in_hand_rgb"}
@@ -139,7 +143,7 @@ class Hdf5DemoWriter:
         )
         group.attrs["init_state"] = episode.states[0] if init_state is None else init_state
         dones = np.zeros(T, dtype=np.uint8)
-        dones[-1] = int(episode.success)  # gen-demos keeps successes only; `heisd dagger` keeps all
+        dones[-1] = int(episode.success)
         group.create_dataset("actions", data=episode.actions)
         group.create_dataset("dones", data=dones)
         group.create_dataset("rewards", data=dones.copy())
@@ -217,158 +221,35 @@ def _rotations_from_axis_angle(vecs: np.ndarray) -> np.ndarray:
 # rosbag2 (MCAP)
 
 
-@dataclass(frozen=True)
-class BagTopics:
-    """Topic names of the export: the policy node's topics (config/policy.yaml), made absolute."""
-
-    images: tuple[tuple[str, str], ...] = (("agentview", "/agentview/image_raw"), ("wrist", "/wrist/image_raw"))
-    ee_pose: str = "/ee_pose"
-    joint_states: str = "/joint_states"
-    """The finger joints (sensor_msgs/JointState), for models whose state token reads the finger gap."""
-    finger_joints: tuple[str, str] = PANDA_FINGER_JOINTS
-    instruction: str = "/instruction"
-    episode_result: str = "/episode_result"
-    command: str = "/arm_command"
-    """The demonstrated action as heisd_ros/msg/ArmCommand (what the node would publish)."""
-    frame_id: str = "base_link"
-
-
-ARM_COMMAND = "heisd_ros/msg/ArmCommand"
-
-
-def _arm_command_msg_text() -> str:
-    """msg/ArmCommand.msg from the source tree, else from the installed ROS package share dir."""
-    candidates = [Path(__file__).resolve().parents[2] / "msg" / "ArmCommand.msg"]
-    if candidates[0].is_file():
-        return candidates[0].read_text()
-    try:
-        from ament_index_python.packages import get_package_share_directory
-
-        candidates.append(Path(get_package_share_directory("heisd_ros")) / "msg" / "ArmCommand.msg")
-    except (ImportError, LookupError, OSError):  # not installed, or no ROS environment sourced
-        pass
-    if candidates[-1].is_file():
-        return candidates[-1].read_text()
-    raise DemoFileError(f"ArmCommand.msg not found (looked in {[str(p) for p in candidates]})")
-
-
-def bag_typestore() -> Any:
-    """rosbags typestore with the standard ROS 2 messages plus heisd_ros/msg/ArmCommand."""
-    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
-
-    store = get_typestore(Stores.ROS2_KILTED)
-    store.register(get_types_from_msg(_arm_command_msg_text(), ARM_COMMAND))
-    return store
-
-
-def export_mcap(episode: Episode, path: Path, topics: BagTopics = BagTopics(), start_ns: int = 1_000_000_000) -> int:
-    """Write `episode` as a rosbag2 MCAP directory at `path` (must not exist); returns messages written."""
-    from rosbags.rosbag2 import StoragePlugin, Writer
-    from rosbags.rosbag2.errors import WriterError
-
-    store = bag_typestore()
-    T = store.types
+def export_mcap(episode: Episode, path: Path, topics: BagTopics = BagTopics(), start_ns: int = NS_PER_S) -> int:
+    """Write `episode` as a rosbag2 MCAP directory at `path` (must not exist) on the node's topics at
+    the control rate, with the demonstrated action as ArmCommand; returns messages written."""
     dt_ns = int(round(1e9 / CONTROL_HZ))
-    latched = _latched_qos()
-    written = 0
     try:
-        with Writer(Path(path), version=9, storage_plugin=StoragePlugin.MCAP) as writer:
-            img_conns = {v: writer.add_connection(t, "sensor_msgs/msg/Image", typestore=store) for v, t in topics.images}
-            pose_conn = writer.add_connection(topics.ee_pose, "geometry_msgs/msg/PoseStamped", typestore=store)
-            instr_conn = writer.add_connection(topics.instruction, "std_msgs/msg/String", typestore=store, offered_qos_profiles=latched)
-            result_conn = writer.add_connection(topics.episode_result, "std_msgs/msg/Bool", typestore=store)
-            cmd_conn = writer.add_connection(topics.command, ARM_COMMAND, typestore=store)
-            joint_conn = writer.add_connection(topics.joint_states, "sensor_msgs/msg/JointState", typestore=store)
-
-            def put(conn: Any, stamp: int, msg: Any, typename: str) -> None:
-                nonlocal written
-                writer.write(conn, stamp, store.serialize_cdr(msg, typename))
-                written += 1
-
-            put(instr_conn, start_ns, T["std_msgs/msg/String"](data=episode.instruction), "std_msgs/msg/String")
+        with BagWriter(path) as bag:
+            for _, topic in topics.images:
+                bag.add(topic, IMAGE)
+            bag.add(topics.ee_pose, POSE)
+            bag.add(topics.instruction, STRING, latched=True)
+            bag.add(topics.episode_result, BOOL)
+            bag.add(topics.command, ARM_COMMAND)
+            bag.add(topics.joint_states, JOINT_STATE)
+            T = bag.ts.types
+            bag.write(topics.instruction, start_ns, T[STRING](data=episode.instruction))
             for t in range(episode.length):
                 stamp = start_ns + t * dt_ns
-                header = _header(store, stamp, topics.frame_id)
-                for view, conn in img_conns.items():
+                hdr = header(stamp, topics.frame_id)
+                for view, topic in topics.images:
                     if view in episode.images:
-                        put(conn, stamp, _image(store, header, episode.images[view][t]), "sensor_msgs/msg/Image")
-                put(pose_conn, stamp, _pose(store, header, episode.ee_pos[t], episode.ee_quat[t]), "geometry_msgs/msg/PoseStamped")
-                put(joint_conn, stamp, _fingers(store, header, topics.finger_joints, episode.gripper_qpos[t]),
-                    "sensor_msgs/msg/JointState")
-                put(cmd_conn, stamp, _command(store, header, t, episode.actions[t]), ARM_COMMAND)
-            end = start_ns + episode.length * dt_ns
-            put(result_conn, end, T["std_msgs/msg/Bool"](data=bool(episode.success)), "std_msgs/msg/Bool")
-    except (WriterError, OSError) as err:
-        raise DemoFileError(f"cannot write bag {path}: {err}") from err
-    return written
-
-
-def _latched_qos() -> list[Any]:
-    """Reliable + transient-local, as the node subscribes to the instruction (a late joiner gets it)."""
-    from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
-
-    never = QosTime(sec=0, nsec=0)
-    return [Qos(
-        history=QosHistory.KEEP_LAST, depth=1, reliability=QosReliability.RELIABLE,
-        durability=QosDurability.TRANSIENT_LOCAL, deadline=never, lifespan=never,
-        liveliness=QosLiveliness.AUTOMATIC, liveliness_lease_duration=never,
-        avoid_ros_namespace_conventions=False,
-    )]
-
-
-def _header(store: Any, stamp_ns: int, frame_id: str) -> Any:
-    T = store.types
-    return T["std_msgs/msg/Header"](
-        stamp=T["builtin_interfaces/msg/Time"](sec=stamp_ns // 1_000_000_000, nanosec=stamp_ns % 1_000_000_000),
-        frame_id=frame_id,
-    )
-
-
-def _image(store: Any, header: Any, rgb: np.ndarray) -> Any:
-    h, w = rgb.shape[:2]
-    return store.types["sensor_msgs/msg/Image"](
-        header=header, height=h, width=w, encoding="rgb8", is_bigendian=0, step=w * 3,
-        data=np.ascontiguousarray(rgb, dtype=np.uint8).reshape(-1),
-    )
-
-
-def _pose(store: Any, header: Any, pos: np.ndarray, quat_xyzw: np.ndarray) -> Any:
-    T = store.types
-    return T["geometry_msgs/msg/PoseStamped"](
-        header=header,
-        pose=T["geometry_msgs/msg/Pose"](
-            position=T["geometry_msgs/msg/Point"](x=float(pos[0]), y=float(pos[1]), z=float(pos[2])),
-            orientation=T["geometry_msgs/msg/Quaternion"](
-                x=float(quat_xyzw[0]), y=float(quat_xyzw[1]), z=float(quat_xyzw[2]), w=float(quat_xyzw[3])
-            ),
-        ),
-    )
-
-
-def _fingers(store: Any, header: Any, names: tuple[str, str], qpos: np.ndarray) -> Any:
-    q = np.asarray(qpos, dtype=np.float64)
-    return store.types["sensor_msgs/msg/JointState"](header=header, name=list(names), position=q,
-                                                     velocity=np.zeros(0), effort=np.zeros(0))
-
-
-def _command(store: Any, header: Any, step: int, action: np.ndarray) -> Any:
-    return store.types[ARM_COMMAND](
-        header=header, step_id=step,
-        delta_position=np.asarray(action[:3], dtype=np.float64), delta_rotation=np.asarray(action[3:6], dtype=np.float64),
-        gripper=float(action[6]), decode_mode="expert", method="expert",
-    )
-
-
-def read_mcap(path: Path) -> dict[str, list[tuple[int, Any]]]:
-    """topic -> [(timestamp_ns, deserialised message)] of a bag written by `export_mcap`."""
-    from rosbags.highlevel import AnyReader
-
-    store = bag_typestore()
-    out: dict[str, list[tuple[int, Any]]] = {}
-    with AnyReader([Path(path)], default_typestore=store) as reader:
-        for conn, stamp, raw in reader.messages():
-            out.setdefault(conn.topic, []).append((stamp, reader.deserialize(raw, conn.msgtype)))
-    return out
+                        bag.write(topic, stamp, image_msg(hdr, episode.images[view][t]))
+                bag.write(topics.ee_pose, stamp, pose_msg(hdr, episode.ee_pos[t], episode.ee_quat[t]))
+                fingers = joint_state_msg(hdr, topics.finger_joints, episode.gripper_qpos[t])
+                bag.write(topics.joint_states, stamp, fingers)
+                bag.write(topics.command, stamp, arm_command_msg(hdr, t, episode.actions[t], "expert", "expert"))
+            bag.write(topics.episode_result, start_ns + episode.length * dt_ns, T[BOOL](data=bool(episode.success)))
+    except BagError as err:
+        raise DemoFileError(str(err)) from err
+    return sum(bag.counts.values())
 
 
 # ---------------------------------------------------------------------------------------------

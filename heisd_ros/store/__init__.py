@@ -1,4 +1,4 @@
-"""Demonstration database (DESIGN §4): Qdrant embedded (Edge, or qdrant-client local mode) or remote.
+"""Demonstration database (docs/design.md §4): Qdrant embedded (Edge, or qdrant-client local mode) or remote.
 
     store = make_store(StoreConfig(path="db"), obs_dim=2560, feat_dim=256, create=True)
     store.upsert(points)                      # DemoPoint, idempotent (id = hash of dataset/episode/step)

@@ -1,4 +1,4 @@
-"""What the demonstration database stores and how a store is reached (DESIGN §4).
+"""What the demonstration database stores and how a store is reached (docs/design.md §4).
 
 One point per demonstration step, with three named cosine vectors:
   obs       [D_obs]  the retrieval query (pooled, L2-normalised vision features of all views)

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from heisd_ros.core.config import METHODS, DecoderConfig
+from heisd_ros.core.config import METHODS, DecoderConfig, to_dict
 from heisd_ros.core.types import Observation, StepStats
 from heisd_ros.tools.eval_report import mode_floor_ms
-from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.pipeline.outputs import git_revision, write_json
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize", "total")
 PROFILE_STAGES = ("vision", "projector", "retrieval", "draft", "prompt", "forward", "accept", "detokenize")
@@ -159,7 +157,7 @@ def run(args: argparse.Namespace) -> dict:
         episodes = tiny_observations(args.seed + 1000, args.episodes, args.steps)
 
     decoders = {m: HybridDecoder(heisd.vla, dataclasses.replace(heisd.cfg, method=m), store=heisd.store,
-                                 drafter=heisd.drafter) for m in methods}
+                                 drafter=heisd.drafter, state_prior=heisd.state_prior) for m in methods}
     stats: dict[str, list[StepStats]] = {m: [] for m in methods}
     # Methods take turns on every observation, so background load hits all of them alike.
     for episode in episodes:
@@ -177,16 +175,10 @@ def run(args: argparse.Namespace) -> dict:
     meta = {
         "command": " ".join(["heisd", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "heisd bench",
         "args": vars(args), "seed": args.seed, "threads": args.threads, "git_rev": git_revision(),
-        "platform": platform.platform(), "torch": torch.__version__, "config": _cfg_dict(heisd.cfg),
+        "platform": platform.platform(), "torch": torch.__version__, "config": to_dict(heisd.cfg),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return {**{m: results[m] for m in methods}, "_meta": meta}
-
-
-def _cfg_dict(cfg) -> dict:
-    from heisd_ros.core.config import to_dict
-
-    return to_dict(cfg)
 
 
 def print_table(report: dict) -> None:
@@ -252,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print_profile(report)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
         print(f"wrote {args.json}")
     return 0

@@ -1,4 +1,4 @@
-"""`heisd build-db`: the demonstration database of a VLA, in embedded Qdrant (DESIGN §4, issue 4.4).
+"""`heisd build-db`: the demonstration database of a VLA, in embedded Qdrant (docs/design.md §4).
 
 Usage:
     heisd build-db --model artifacts/mini_vla --demos artifacts/demos/libero_object --out artifacts/mini_db
@@ -10,8 +10,8 @@ Usage:
 One point per demo step: `obs` = the VLA's own backbone over both views, or over the first
 `--query-views` of them (`embed_views`, the very function the live query uses), `feat` /
 `feat_prev` = the mean lm_head input over the 7 action positions when the demo's own action
-tokens are teacher-forced (this step / the previous one), the payload of DESIGN §4, and the
-instruction as the task partition.
+tokens are teacher-forced (this step / the previous one), and the instruction as the task
+partition.
 
 Sources: LIBERO-layout HDF5 files (`--demos`) and/or rosbag2 recordings (`--bags`: every
 directory holding a metadata.yaml below it; topics /agentview/image_raw, /wrist/image_raw,
@@ -39,14 +39,17 @@ import numpy as np
 import torch
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.store.manifest import MANIFEST
 from heisd_ros.pipeline.episodes import VIEWS
+from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
+from heisd_ros.store.manifest import MANIFEST
 
 REPORT = "build_db_report.json"
 
 
 @dataclass(frozen=True)
 class BuildDbConfig:
+    """What `heisd build-db` builds, from which sources."""
+
     model: str = "artifacts/mini_vla"
     demos: str = ""
     bags: str = ""
@@ -67,12 +70,12 @@ class BuildDbConfig:
     seed: int = 0
     dtype: str = "float32"
     """Model dtype for the embeddings: build with the dtype the policy runs in, since verify-skip
-    compares live features with the stored ones at similarities near 0.9995 (a bf16 feature of the
-    same input is only 0.9986-0.99997 similar to its fp32 one; benchmarks/NOTES.md entry 22)."""
+    compares live features with the stored ones at similarities closer to 1 than a bf16 feature of
+    the same input is to its float32 one."""
     query_views: int = 0
     """Leading views (agentview, wrist) the `obs` query pools; 0 = both. Recorded in the manifest,
     where a policy with `retrieval.query_views: 0` picks it up; 1 spares every retrieval step
-    the wrist view's backbone pass (benchmarks/NOTES.md entry 26)."""
+    the wrist view's backbone pass."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -107,25 +110,12 @@ def search_latency(store, n_queries: int, top_k: int, seed: int) -> dict:
             "mean_ms": float(np.mean(ms)), "self_is_top1": float(np.mean(self_hit))}
 
 
-def _write_manifest(path: Path, manifest: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(path)
-
-
 def run(cfg: BuildDbConfig) -> dict:
+    """Store every missing episode of the sources, optimise, measure search latency; the build report."""
     from heisd_ros.core.config import StoreConfig
-    from heisd_ros.pipeline.features import (
-        collect_refs,
-        episode_points,
-        held_out_sources,
-        model_digest,
-    )
-    from heisd_ros.pipeline.outputs import progress_bar, write_json
-    from heisd_ros.pipeline.episodes import load_episode
     from heisd_ros.models.loader import load_vla
+    from heisd_ros.pipeline.features import model_digest
     from heisd_ros.store.factory import make_store
-    from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
@@ -134,44 +124,16 @@ def run(cfg: BuildDbConfig) -> dict:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     vla = load_vla(cfg.model, dtype=cfg.dtype)
-    stats = vla.stats()
     digest = model_digest(cfg.model)
-    manifest_path = out / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     query_views = cfg.query_views or len(VIEWS)
-    if (manifest.get("model_digest") != digest or manifest.get("dtype", "float32") != cfg.dtype
-            or manifest.get("query_views", len(VIEWS)) != query_views):
-        # another model, the same one at another dtype, or other views: every stored vector is stale
-        manifest = {"model": str(cfg.model), "model_digest": digest, "dtype": cfg.dtype,
-                    "query_views": query_views, "done": {}}
-    refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
-    held_out: set[str] = set()
-    if cfg.train_split_only:
-        held_out = held_out_sources(cfg.model)
-        if not held_out:
-            raise ConfigError(f"--train-split-only needs {Path(cfg.model) / 'train_log.json'} with held-out "
-                              "episodes (written by heisd train-vla)")
-        refs = [r for r in refs if r.kind != "hdf5" or r.source not in held_out]
-    obs_dim = vla.vision_backbone.query_dim * query_views
+    manifest = _current_manifest(out / MANIFEST, cfg, digest, query_views)
+    refs, held_out = _episode_refs(cfg)
+    obs_dim = vla.query_dim * query_views
     store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
                        obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)
-    written = skipped = 0
-    t_embed = time.perf_counter()
     try:
-        bar = progress_bar(len(refs), "build-db", cfg.progress)
-        for ref in refs:
-            key = f"{ref.dataset}/{ref.episode}"
-            if key in manifest["done"]:
-                skipped += 1
-            else:
-                points = episode_points(vla, stats, load_episode(ref), cfg.batch_size, query_views)
-                store.upsert(points)
-                manifest["done"][key] = len(points)
-                _write_manifest(manifest_path, manifest)
-                written += len(points)
-            bar.update(1)
-            bar.set_postfix(points=store.count())
-        bar.close()
+        t_embed = time.perf_counter()
+        written, skipped = _store_episodes(store, vla, refs, manifest, out / MANIFEST, cfg, query_views)
         embed_s = time.perf_counter() - t_embed
         t_opt = time.perf_counter()
         store.optimize()
@@ -181,8 +143,7 @@ def run(cfg: BuildDbConfig) -> dict:
         total = store.count()
     finally:
         store.close()
-    files = [p.stat() for p in out.rglob("*") if p.is_file()]
-    size_mb = sum(st.st_blocks * 512 for st in files) / 2**20  # allocated: Edge files are sparse
+    disk_mb, apparent_mb = _disk_usage_mb(out)
     report = {
         "command": "heisd build-db",
         "config": dataclasses.asdict(cfg),
@@ -192,13 +153,71 @@ def run(cfg: BuildDbConfig) -> dict:
         "episodes": len(refs), "held_out_left_out": len(held_out) if cfg.train_split_only else 0,
         "episodes_skipped_as_done": skipped, "points_written": written,
         "points": total, "tasks": tasks, "obs_dim": obs_dim, "feat_dim": vla.hidden_size,
-        "disk_mb": size_mb,
-        "apparent_mb": sum(st.st_size for st in files) / 2**20,
+        "disk_mb": disk_mb,
+        "apparent_mb": apparent_mb,
         "search_latency": latency,
         "seconds": {"embed": embed_s, "optimize": optimize_s, "total": time.perf_counter() - t0},
     }
     write_json(out / REPORT, report)
     return report
+
+
+def _current_manifest(path: Path, cfg: BuildDbConfig, digest: str, query_views: int) -> dict:
+    """The manifest at `path` if its vectors fit this build, else a fresh one (nothing done)."""
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    if (manifest.get("model_digest") != digest or manifest.get("dtype", "float32") != cfg.dtype
+            or manifest.get("query_views", len(VIEWS)) != query_views):
+        # another model, the same one at another dtype, or other views: every stored vector is stale
+        manifest = {"model": str(cfg.model), "model_digest": digest, "dtype": cfg.dtype,
+                    "query_views": query_views, "done": {}}
+    return manifest
+
+
+def _episode_refs(cfg: BuildDbConfig) -> tuple[list, set[str]]:
+    """(the episodes to store, the model's held-out sources left out with --train-split-only)."""
+    from heisd_ros.pipeline.features import collect_refs, held_out_sources
+
+    refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
+    held_out: set[str] = set()
+    if cfg.train_split_only:
+        held_out = held_out_sources(cfg.model)
+        if not held_out:
+            raise ConfigError(f"--train-split-only needs {Path(cfg.model) / 'train_log.json'} with held-out "
+                              "episodes (written by heisd train-vla)")
+        refs = [r for r in refs if r.kind != "hdf5" or r.source not in held_out]
+    return refs, held_out
+
+
+def _store_episodes(store, vla, refs: list, manifest: dict, manifest_file: Path, cfg: BuildDbConfig,
+                    query_views: int) -> tuple[int, int]:
+    """Embed and upsert every episode the manifest does not list as done, recording each in it as
+    it is stored (so a killed run resumes); returns (points written, episodes skipped)."""
+    from heisd_ros.pipeline.episodes import load_episode
+    from heisd_ros.pipeline.features import episode_points
+
+    stats = vla.stats()
+    written = skipped = 0
+    bar = progress_bar(len(refs), "build-db", cfg.progress)
+    for ref in refs:
+        key = f"{ref.dataset}/{ref.episode}"
+        if key in manifest["done"]:
+            skipped += 1
+        else:
+            points = episode_points(vla, stats, load_episode(ref), cfg.batch_size, query_views)
+            store.upsert(points)
+            manifest["done"][key] = len(points)
+            write_json(manifest_file, manifest)
+            written += len(points)
+        bar.update(1)
+        bar.set_postfix(points=store.count())
+    bar.close()
+    return written, skipped
+
+
+def _disk_usage_mb(directory: Path) -> tuple[float, float]:
+    """(allocated, apparent) size of the files under `directory` in MiB; Edge files are sparse."""
+    files = [p.stat() for p in directory.rglob("*") if p.is_file()]
+    return sum(st.st_blocks * 512 for st in files) / 2**20, sum(st.st_size for st in files) / 2**20
 
 
 def build_parser() -> argparse.ArgumentParser:

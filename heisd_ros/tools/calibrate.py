@@ -1,4 +1,4 @@
-"""`heisd calibrate`: fused-metric normalisation and tau, verify-skip min_S and O_dist (DESIGN §5, §6).
+"""`heisd calibrate`: fused-metric normalisation and tau, verify-skip min_S and O_dist (docs/design.md §5, §6).
 
 Usage:
     heisd calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos artifacts/demos/libero_object \
@@ -19,7 +19,7 @@ matplotlib): `skip_similarity_distance.png` (similarity vs distance of retrieval
 per similarity bin, min_S and O_dist) and `fused_metric_pass_fail.png` (F of steps where one of the
 Top-K retrieval drafts passes the sequence-relaxed check vs where all fail, and tau).
 
-tau: `--tau-rule balanced` (default, DESIGN §5) separates passing from failing steps;
+tau: `--tau-rule balanced` (default) separates passing from failing steps;
 `--tau-rule cost` picks the threshold with the least expected step time, weighing the measured
 step times of drafter mode and of retrieval mode when its drafts pass or fail
 (`--step-costs-from` an eval-libero log, or `--step-costs-ms`). Given costs, both taus and their
@@ -27,8 +27,8 @@ expected step times are recorded in the file's meta either way.
 
 `--pin-tau` / `--pin-min-similarity` replace the fitted tau / min_S by a chosen value (and turn
 verify-skip on), `--pin-max-consecutive-skips` sets N_max: an operating point picked from
-closed-loop runs rather than from the offline pass rates (benchmarks/NOTES.md 44). The fitted values
-stay in the file's meta (`pinned`), and the plots show the pinned ones.
+closed-loop runs rather than from the offline pass rates. The fitted values stay in the file's
+meta (`pinned`), and the plots show the pinned ones.
 """
 
 from __future__ import annotations
@@ -191,13 +191,13 @@ def run(cfg: CalibrateConfig) -> dict:
     from heisd_ros.pipeline.calibration import apply_calibration, calibrate, save_calibration
     from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
     from heisd_ros.pipeline.features import FeatureCache, GreedyCache, collect_refs
-    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.loader import load_policy_model
     from heisd_ros.store.factory import make_store
     from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    vla = load_vla(cfg.model, dtype=cfg.dtype)
+    vla, prior = load_policy_model(cfg.model, dtype=cfg.dtype)
     store = make_store(StoreConfig(backend="edge", path=cfg.db, collection=cfg.collection))
     try:
         points = list(store.scroll())
@@ -209,7 +209,7 @@ def run(cfg: CalibrateConfig) -> dict:
     t_live = time.perf_counter()
     if cfg.demos or cfg.bags:
         cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
-        cache, greedy = FeatureCache(cache_dir, vla), GreedyCache(cache_dir, vla, cfg.model)
+        cache, greedy = FeatureCache(cache_dir, vla), GreedyCache(cache_dir, vla, cfg.model, state_prior=prior)
         refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
         live_prev = live_prev_features(vla, points, refs, cache, greedy, cfg.progress)
     else:

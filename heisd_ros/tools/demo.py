@@ -7,7 +7,7 @@ Usage:
                [--params-file config/policy.yaml] [--out artifacts/demo] [--domain-id N] [--json FILE]
 
 What it does, printing progress as it goes:
-1. the policy: `--model auto` (the default) takes the mini LIBERO artifacts of issue 4
+1. the policy: `--model auto` (the default) takes the mini LIBERO artifacts of the training pipeline
    (artifacts/mini_vla, mini_drafter, mini_db, mini_calibration.json) when all four exist; else the
    committed compact copy of that policy (models/mini_libero, `heisd publish-mini`), with a
    database of the demo task that it builds once (`heisd gen-demos` of 10 expert episodes, then
@@ -41,6 +41,7 @@ from pathlib import Path
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.pipeline.bags import BagTopics, topic_counts
 from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
 
 
@@ -92,7 +93,7 @@ class DemoConfig:
 
 MINI_ARTIFACTS = {"model_dir": "artifacts/mini_vla", "drafter_dir": "artifacts/mini_drafter",
                   "db_path": "artifacts/mini_db", "calibration_path": "artifacts/mini_calibration.json"}
-"""Where the issue-4 pipeline (train-vla, train-drafter, build-db, calibrate) writes the mini policy."""
+"""Where the training pipeline (train-vla, train-drafter, build-db, calibrate) writes the mini policy."""
 DEMO_BAGS = Path("artifacts/demo_bags")
 
 
@@ -140,9 +141,7 @@ def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
     for k in range(cfg.libero_init_state, max(EVAL_INIT_STATES) + 1):
         bag = DEMO_BAGS / f"{cfg.libero_suite}_task{cfg.libero_task}_init{k}"
         if (bag / "metadata.yaml").is_file():
-            from heisd_ros.sim.recorder import BagTopics
-
-            if BagTopics().joint_states in _bag_counts(bag):
+            if BagTopics().joint_states in topic_counts(bag):
                 return bag, _bag_steps(bag)
             say(f"      {bag} was recorded before bags carried /joint_states (the finger gap): recording it again")
             shutil.rmtree(bag)
@@ -193,16 +192,8 @@ def ensure_task_db(cfg: DemoConfig, say=print) -> None:
     tmp.rename(cfg.db_path)
 
 
-def _bag_counts(bag: Path) -> dict[str, int]:
-    """Topic -> message count from the bag's metadata.yaml."""
-    import yaml
-
-    meta = yaml.safe_load((bag / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
-    return {t["topic_metadata"]["name"]: t["message_count"] for t in meta["topics_with_message_count"]}
-
-
 def _bag_steps(bag: Path) -> int:
-    return int(_bag_counts(bag).get("/ee_pose", 0))
+    return int(topic_counts(bag).get(BagTopics().ee_pose, 0))
 
 
 def run(cfg: DemoConfig, say=print) -> dict:

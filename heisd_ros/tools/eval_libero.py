@@ -1,4 +1,4 @@
-"""`heisd eval-libero`: closed-loop LIBERO evaluation of every decoding method (DESIGN §9, issue 4.6).
+"""`heisd eval-libero`: closed-loop LIBERO evaluation of every decoding method (docs/design.md §9).
 
 Usage:
     heisd eval-libero --model artifacts/mini_vla --drafter artifacts/mini_drafter --db artifacts/mini_db \\
@@ -30,7 +30,7 @@ requested tasks x init states x methods found in the log.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import dataclasses
 import os
 import platform
 import shlex
@@ -40,19 +40,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
-from heisd_ros.core.gripper import finger_gap
-from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
-from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
 from heisd_ros.tools.args import parse_range
+from heisd_ros.tools.eval_episodes import run_pair
+from heisd_ros.tools.eval_policies import Policies, count_or_none, retrieval_probe
+from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
 
 
 @dataclass(frozen=True)
 class EvalLiberoConfig:
-    """What `heisd eval-libero` runs (defaults: the mini artifacts of issue 4 on LIBERO-Object)."""
+    """What `heisd eval-libero` runs (defaults: the mini artifacts on LIBERO-Object)."""
 
     model_dir: str = "artifacts/mini_vla"
     """VLA checkpoint directory, or 'tiny' (the test policy, built under tiny_dir)."""
@@ -103,228 +102,10 @@ class EvalLiberoConfig:
         return Path(self.out).with_suffix(".jsonl")
 
 
-class TimedStore:
-    """The shared database seen through one decoder: times every `search` (ms) for the report."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.search_ms: list[float] = []
-        self.last_k = 0
-
-    def search(self, query, task: str, top_k: int):
-        t0 = time.perf_counter()
-        try:
-            return self._store.search(query, task, top_k)
-        finally:
-            self.search_ms.append((time.perf_counter() - t0) * 1e3)
-            self.last_k = top_k
-
-    def close(self) -> None:  # the shared store is closed once, by the evaluator
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-
-def _file_digest(name: str) -> str:
-    """Content digest of a model/drafter directory (its .json/.safetensors/.pt files) or a file."""
-    if not name:
-        return "none"
-    path = Path(name)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors", ".pt"))
-    else:
-        files = [path] if path.is_file() else []
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16] if files else "missing"
-
-
-def _count_or_none(store) -> int | None:
-    """Points in the run's database for the report (None without one, or when it cannot say)."""
-    if store is None:
-        return None
-    try:
-        return int(store.count())
-    except Exception:  # noqa: BLE001 - a report figure must not mask the run's own outcome
-        return None
-
-
-def _db_digest(db_path: str) -> str:
-    """Digest of a database directory's build manifest (written once by `heisd build-db`)."""
-    if not db_path:
-        return "none"
-    from heisd_ros.store.manifest import manifest_path
-
-    manifest = manifest_path(db_path)
-    return _file_digest(str(manifest)) if manifest.is_file() else "no manifest"
-
-
-class Policies:
-    """One HybridDecoder per method over one loaded VLA, drafter and database."""
-
-    def __init__(self, cfg: EvalLiberoConfig) -> None:
-        from heisd_ros.pipeline.calibration import apply_calibration
-        from heisd_ros.core.config import DecoderConfig, RetrievalConfig
-        from heisd_ros.core.drafter import load_drafter
-        from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
-        from heisd_ros.models.loader import DTYPES, load_vla
-        from heisd_ros.policy import PolicyPaths, open_store, resolve_paths, resolve_query_views
-
-        raw = PolicyPaths(cfg.model_dir, cfg.drafter_dir if cfg.model_dir != "tiny" else "",
-                          cfg.db_path if cfg.model_dir != "tiny" else "",
-                          cfg.calibration_path if cfg.model_dir != "tiny" else "", tiny_cache_dir=cfg.tiny_dir)
-        self.paths = resolve_paths(raw)
-        self.vla = load_vla(self.paths.model_dir, dtype=cfg.dtype)
-        base = apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
-                                               gripper_hold_steps=cfg.gripper_hold_steps,
-                                               retrieval=RetrievalConfig(position_pool=cfg.position_pool)),
-                                 self.paths.calibration_path)
-        if any(m in NEEDS_STORE for m in cfg.methods):
-            base = resolve_query_views(base, self.paths.db_path)
-        self.base_cfg = base
-        drafter = None
-        if any(m in NEEDS_DRAFTER for m in cfg.methods):
-            lm_cfg = self.vla.language_model.config
-            drafter = load_drafter(self.paths.drafter_dir, lm_cfg, DTYPES[cfg.dtype])
-        self.store = open_store(base, self.paths, None) if any(m in NEEDS_STORE for m in cfg.methods) else None
-        self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.methods}
-        self.decoders = {m: HybridDecoder(self.vla, base.with_method(m), store=self.timed[m], drafter=drafter)
-                         for m in cfg.methods}
-
-    def fingerprint(self) -> dict[str, Any]:
-        from heisd_ros.core.config import to_dict
-
-        return {
-            "model_dir": self.paths.model_dir, "model_digest": _file_digest(self.paths.model_dir),
-            "drafter_dir": self.paths.drafter_dir, "drafter_digest": _file_digest(self.paths.drafter_dir),
-            # The database's build manifest, not a count from the open store: an `ar`-only shard
-            # never opens the database, and must share the run key with a `heisd` shard.
-            "db_path": self.paths.db_path, "db_digest": _db_digest(self.paths.db_path),
-            "calibration_path": self.paths.calibration_path,
-            "calibration_digest": _file_digest(self.paths.calibration_path),
-            "decoder_config": to_dict(self.base_cfg),
-        }
-
-    def close(self) -> None:
-        if self.store is not None:
-            self.store.close()
-
-
-def retrieval_probe(store, tasks: list[str], per_task: int = 40, top_k: int = 5) -> list[float]:
-    """Wall ms of Top-k task-filtered searches on `store`, querying with stored demonstration obs
-    vectors of each task (the same embedding as live queries; the exact hit itself is allowed)."""
-    import itertools
-
-    out = []
-    for task in tasks:
-        for point in itertools.islice(store.scroll(task), per_task):
-            t0 = time.perf_counter()
-            store.search(point.obs, task, top_k)
-            out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def _step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) -> dict[str, Any]:
-    rec = {
-        "t": t, "mode": st.mode, "skipped": st.skipped, "forwards": st.llm_forwards, "tpf": list(st.tokens_per_forward),
-        "ms": {k: round(v, 3) for k, v in st.latency_ms.items()}, "fwd_ms": [round(x, 3) for x in st.forward_ms],
-        "cpu_ms": round(cpu_ms, 3),
-        "sim_ms": round(sim_ms, 1), "F": round(st.fused_metric, 4), "score": round(st.retrieval_score, 4),
-        "ee": [round(float(x), 4) for x in ee_pos], "tokens": [int(x) for x in st.tokens],
-    }
-    if st.fallback:
-        rec["fallback"] = st.fallback
-    if st.gripper_held:
-        rec["gripper_held"] = True
-    if st.skip_check:
-        rec["skip_check"] = st.skip_check
-        rec["skip_sim"] = round(st.skip_similarity, 5)
-    return rec
-
-
-class _Episode:
-    """One method's episode on its own env instance."""
-
-    def __init__(self, method: str, env, decoder, store: TimedStore | None) -> None:
-        self.method, self.env, self.decoder, self.store = method, env, decoder, store
-        self.obs = None
-        self.steps: list[dict[str, Any]] = []
-        self.success = False
-        self.done = False
-        self.t0 = time.perf_counter()
-        self.skip_start = (decoder.skip.min_similarity, decoder.skip.max_distance_m)
-
-    def act(self, t: int) -> None:
-        from heisd_ros.core.types import Observation
-
-        obs = self.obs
-        c0 = time.process_time()
-        action, st = self.decoder.step(Observation(obs.images, self.env.instruction, obs.ee_pos,
-                                                          gripper_gap=finger_gap(obs.gripper_qpos)))
-        cpu_ms = (time.process_time() - c0) * 1e3
-        s0 = time.perf_counter()
-        self.obs, self.success = self.env.step(action)
-        self.steps.append(_step_record(t, st, cpu_ms, (time.perf_counter() - s0) * 1e3, obs.ee_pos))
-        self.done = self.success
-
-    def record(self, task: int, init_state: int) -> dict[str, Any]:
-        rec = {
-            "kind": "episode", "task": task, "init_state": init_state, "method": self.method,
-            "instruction": self.env.instruction, "task_name": str(self.env.task.name), "success": self.success,
-            "length": len(self.steps), "wall_s": round(time.perf_counter() - self.t0, 2),
-            "verify_skip_start": {"min_similarity": self.skip_start[0], "max_distance_m": self.skip_start[1]},
-            "steps": self.steps,
-        }
-        if self.store is not None:
-            rec["search_ms"] = [round(x, 4) for x in self.store.search_ms]
-            rec["search_k"] = self.store.last_k
-            self.store.search_ms = []
-        return rec
-
-
-def run_pair(cfg: EvalLiberoConfig, task: int, init_state: int, methods: list[str], envs: list, pol: Policies,
-             log, bar) -> None:
-    """All `methods` on one (task, init state), taking turns per control step; logs each episode as it ends."""
-    eps = []
-    for m, env in zip(methods, envs):
-        e = _Episode(m, env, pol.decoders[m], pol.timed[m])
-        e.obs = env.reset(init_state)
-        e.decoder.reset(env.instruction)
-        if e.store is not None:
-            e.store.search_ms = []
-        e.t0 = time.perf_counter()
-        eps.append(e)
-
-    def finish(e: _Episode) -> None:
-        e.decoder.episode_feedback(e.success)
-        log.append(e.record(task, init_state))
-        bar.update(1)
-
-    for t in range(cfg.max_steps):
-        active = [e for e in eps if not e.done]
-        if not active:
-            break
-        for e in active:
-            e.act(t)
-            if e.done:
-                finish(e)
-        if t % 10 == 0:
-            bar.set_postfix_str(f"task {task} init {init_state} step {t}/{cfg.max_steps} "
-                                f"ok {sum(e.success for e in eps)}/{len(eps)}")
-    for e in eps:
-        if not e.done:
-            finish(e)
-
-
 def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     """Run every missing episode, then rebuild the report (and Markdown, plots) from the whole log."""
     import torch
-    from tqdm import tqdm
 
-    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
     from heisd_ros.tools.eval_report import ResultLog
 
     torch.set_num_threads(cfg.threads)
@@ -338,32 +119,18 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
         if rec["method"] in pol.decoders:
             pol.decoders[rec["method"]].episode_feedback(rec["success"])
     done = log.done()
-    todo = [(t, k, m) for t in cfg.tasks for k in cfg.init_states for m in cfg.methods if (t, k, m) not in done]
-    bar = tqdm(total=len(todo), desc=f"eval-libero {cfg.suite}", unit="ep", disable=not cfg.progress)
-    todo_set = set(todo)
+    todo = {(t, k, m) for t in cfg.tasks for k in cfg.init_states for m in cfg.methods if (t, k, m) not in done}
+    bar = progress_bar(len(todo), f"eval-libero {cfg.suite}", cfg.progress, unit="ep")
     n_run = 0
     probe: list[float] = []
     try:
         for task in cfg.tasks:
-            pending = {k: [m for m in cfg.methods if (task, k, m) in todo_set] for k in cfg.init_states}
-            need = max((len(v) for v in pending.values()), default=0)
-            if need == 0:
-                continue
-            envs = [LiberoEnv(LiberoEnvConfig(suite=cfg.suite, task_index=task, camera_size_px=cfg.camera_size_px))
-                    for _ in range(need)]
-            try:
-                for k, methods in pending.items():
-                    if methods:
-                        run_pair(cfg, task, k, methods, envs, pol, log, bar)
-                        n_run += len(methods)
-            finally:
-                for env in envs:
-                    env.close()
+            n_run += _run_task(cfg, task, todo, pol, log, bar)
         evaluated = sorted({e["instruction"] for e in log.episodes if e["task"] in cfg.tasks})
         probe = retrieval_probe(pol.store, evaluated) if pol.store is not None else []
     finally:
         bar.close()
-        db_points = _count_or_none(pol.store)
+        db_points = count_or_none(pol.store)
         pol.close()
         session = {"kind": "session", "command": command, "git_rev": git_revision(), "episodes_run": n_run,
                    "db_points": db_points,
@@ -375,6 +142,29 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     return write_outputs(cfg, log, command, key)
 
 
+def _run_task(cfg: EvalLiberoConfig, task: int, todo: set[tuple[int, int, str]], pol: Policies, log, bar) -> int:
+    """The missing episodes of one task, init state by init state, on as many envs as the most methods
+    any init state still needs; returns how many episodes ran."""
+    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
+
+    pending = {k: [m for m in cfg.methods if (task, k, m) in todo] for k in cfg.init_states}
+    need = max((len(v) for v in pending.values()), default=0)
+    if need == 0:
+        return 0
+    envs = [LiberoEnv(LiberoEnvConfig(suite=cfg.suite, task_index=task, camera_size_px=cfg.camera_size_px))
+            for _ in range(need)]
+    n_run = 0
+    try:
+        for k, methods in pending.items():
+            if methods:
+                run_pair(cfg.max_steps, task, k, methods, envs, pol, log, bar)
+                n_run += len(methods)
+    finally:
+        for env in envs:
+            env.close()
+    return n_run
+
+
 def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> dict[str, Any]:
     """Rebuild the report of `cfg`'s tasks x init states x methods from an existing log; runs nothing.
 
@@ -382,8 +172,6 @@ def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> 
     come from the log's run key, so a report of a subset (say the init states every method finished)
     can be written on any machine that holds the log.
     """
-    import dataclasses
-
     from heisd_ros.tools.eval_report import ResultLog
 
     log = ResultLog.read(log_path)
@@ -400,8 +188,7 @@ def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> 
 
 
 def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any]) -> dict[str, Any]:
-    import json
-
+    """The JSON report `cfg.out`, its Markdown tables beside it and, with `cfg.plots_dir`, the plots."""
     import torch
 
     from heisd_ros.tools.eval_report import build_report, markdown
@@ -417,24 +204,23 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
         "protocol": ("per (task, init state) every method runs on its own env instance and decoder; methods take "
                      "turns per control step in the methods order; episode_feedback after each episode, per method, "
                      "in log order"),
-        "model": key, "log": str(log.path), "invocations": log.sessions,
+        "model": key, "log": str(log.path),
+        "invocations": [{k: v for k, v in sess.items() if k != "probe_top5_ms"} for sess in log.sessions],
         "db_points": next((x["db_points"] for x in reversed(log.sessions) if x.get("db_points") is not None), None),
         "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "nice": os.nice(0), "loadavg": list(os.getloadavg()),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     probe = [x for sess in log.sessions for x in sess.get("probe_top5_ms", [])]
-    meta["invocations"] = [{k: v for k, v in sess.items() if k != "probe_top5_ms"} for sess in log.sessions]
     report = build_report(episodes, cfg.methods, meta, probe_ms=probe)
     out = Path(cfg.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    write_json(out, report)
     out.with_suffix(".md").write_text(markdown(report))
     if cfg.plots_dir:
         from heisd_ros.tools.eval_plots import write_plots
 
         report["_meta"]["plots"] = write_plots(report, episodes, cfg.plots_dir)
-        out.write_text(json.dumps(report, indent=1))
+        write_json(out, report)
     return report
 
 

@@ -27,7 +27,7 @@ STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize")
 LOSSLESS = ("ar", "drafter", "retrieval")
 """Methods whose tokens equal greedy AR decoding by construction (strict acceptance, no skip)."""
 TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "accept_length": 4.5}
-"""Issue 4 acceptance targets for `heisd` in the same run."""
+"""The acceptance targets of `heisd` against `ar` of the same run."""
 
 
 def jsonable(x: Any) -> Any:
@@ -153,7 +153,7 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
 
 
 def mode_floor_ms(latency_ms: Mapping[str, float], forward_ms: Sequence[float]) -> float:
-    """The floor of a step's mode (issue 5): vision (+ projector) + retrieval (if issued) + at most
+    """The floor of a step's mode: vision (+ projector) + retrieval (if issued) + at most
     one LLM forward (prefill fused with verification); a skipped step has no forward."""
     first = forward_ms[0] if forward_ms else 0.0
     return latency_ms.get("vision", 0.0) + latency_ms.get("projector", 0.0) + latency_ms.get("retrieval", 0.0) + first
@@ -266,7 +266,7 @@ def _identical_to_ar(episodes: list[dict[str, Any]], ar: dict[tuple[int, int], d
 
 def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], meta: dict[str, Any],
                  probe_ms: Sequence[float] = ()) -> dict[str, Any]:
-    """`{method: summary, ..., "_meta": meta}` (bench.py's layout) with speed-ups and the issue-4 check.
+    """`{method: summary, ..., "_meta": meta}` (bench.py's layout) with speed-ups and the target check.
 
     probe_ms: Top-5 task-filtered search times (ms) measured by the evaluator on the database with
     stored demonstration queries (`retrieval_probe`); the headline retrieval latency when given,
@@ -301,7 +301,7 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
 
 
 def acceptance(report: dict[str, Any]) -> dict[str, Any]:
-    """Issue 4's targets for `heisd` against `ar` of the same run (None where a method is missing)."""
+    """The TARGETS check of `heisd` against `ar` of the same run (not evaluated without both)."""
     h, ar = report.get("heisd"), report.get("ar")
     if not h or not ar or not h["steps"] or not ar["steps"]:
         return {"evaluated": False, "why": "needs both ar and heisd in the run"}
@@ -327,9 +327,23 @@ def _f(x: Any, fmt: str = ".2f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
+FOOTNOTE = ["", "Step latency is the wall time of `HybridDecoder.step` (vision, retrieval, drafting, verification,",
+            "detokenisation); the simulator is not included. CPU speedup uses the process CPU time of the same",
+            "call (immune to preemption by other processes). Accept length = tokens per decoding cycle (a cycle",
+            "is a verification forward or a skip).", ""]
+
+
 def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: what ran, the per-method and per-task tables, latency and targets."""
     meta = report["_meta"]
     methods = [m for m in report if not m.startswith("_")]
+    out = _md_header(meta) + _md_methods(report, methods) + _md_tasks(report, methods)
+    out += _md_modes(report, methods) + _md_latency(meta["retrieval_latency_ms"])
+    out += _md_targets(meta["acceptance"]) + FOOTNOTE
+    return "\n".join(out)
+
+
+def _md_header(meta: dict[str, Any]) -> list[str]:
     out = [f"# LIBERO closed-loop evaluation: {meta.get('suite', '')}", ""]
     out += [f"Command: `{meta.get('command', '')}`", ""]
     runs = [x for x in meta.get("invocations", []) if x.get("episodes_run")]
@@ -340,26 +354,41 @@ def markdown(report: dict[str, Any]) -> str:
              f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
              f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "
              f"git `{str(meta.get('git_rev', ''))[:10]}`."), ""]
-    out += ["| method | success | median step ms | p90 ms | speedup vs ar | CPU speedup | LLM fwd/step | accept length | modes |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    return out
+
+
+def _md_methods(report: dict[str, Any], methods: list[str]) -> list[str]:
+    out = ["| method | success | median step ms | p90 ms | speedup vs ar | CPU speedup | LLM fwd/step "
+           "| accept length | modes |", "|---|---|---|---|---|---|---|---|---|"]
     for m in methods:
         r = report[m]
         modes = ", ".join(f"{k} {v:.0%}" for k, v in r["mode_mix"].items())
-        out.append(f"| {m} | {_f(r['success_rate'], '.0%')} ({r['successes']}/{r['episodes']}) | {_f(r['median_step_ms'], '.1f')} | "
+        out.append(f"| {m} | {_f(r['success_rate'], '.0%')} ({r['successes']}/{r['episodes']}) | "
+                   f"{_f(r['median_step_ms'], '.1f')} | "
                    f"{_f(r['p90_step_ms'], '.1f')} | {_f(r['speedup_vs_ar'])}x | {_f(r['speedup_vs_ar_cpu'])}x | "
                    f"{_f(r['forwards_per_step'])} | {_f(r['accept_length'])} | {modes} |")
+    return out
+
+
+def _md_tasks(report: dict[str, Any], methods: list[str]) -> list[str]:
     tasks = sorted({t for m in methods for t in report[m]["per_task_success"]}, key=int)
-    out += ["", "Success per task:", "", "| task | instruction | " + " | ".join(methods) + " |",
-            "|---|---|" + "---|" * len(methods)]
+    out = ["", "Success per task:", "", "| task | instruction | " + " | ".join(methods) + " |",
+           "|---|---|" + "---|" * len(methods)]
     for t in tasks:
-        instr = next(report[m]["per_task_success"][t]["instruction"] for m in methods if t in report[m]["per_task_success"])
+        instr = next(report[m]["per_task_success"][t]["instruction"] for m in methods
+                     if t in report[m]["per_task_success"])
         cells = []
         for m in methods:
             c = report[m]["per_task_success"].get(t)
             cells.append(f"{c['successes']}/{c['episodes']}" if c else "-")
         out.append(f"| {t} | {instr} | " + " | ".join(cells) + " |")
-    out += ["", "Step time per mode against its floor (vision + projector + retrieval + first LLM forward; issue 5):", "",
-            "| method | mode | steps | median ms | median floor ms | median ratio to floor |", "|---|---|---|---|---|---|"]
+    return out
+
+
+def _md_modes(report: dict[str, Any], methods: list[str]) -> list[str]:
+    """Step time per mode against its floor, and the verify-skip verdicts."""
+    out = ["", "Step time per mode against its floor (vision + projector + retrieval + first LLM forward):", "",
+           "| method | mode | steps | median ms | median floor ms | median ratio to floor |", "|---|---|---|---|---|---|"]
     for m in methods:
         for mode, p in report[m].get("modes", {}).items():
             out.append(f"| {m} | {mode} | {p['steps']} | {_f(p['median_step_ms'], '.1f')} | "
@@ -370,29 +399,32 @@ def markdown(report: dict[str, Any]) -> str:
         for m, c in checks.items():
             total = sum(c.values())
             out.append(f"- `{m}`: " + ", ".join(f"{k} {v / total:.0%}" for k, v in c.items()) + f" ({total} steps)")
-    lat = meta["retrieval_latency_ms"]
-    out += ["", (f"Retrieval latency (Top-5, task-filtered, {lat['n']} queries): median {_f(lat['median'], '.2f')} ms, "
-                 f"p95 {_f(lat['p95'], '.2f')} ms ({lat['what']}).")]
+    return out
+
+
+def _md_latency(lat: dict[str, Any]) -> list[str]:
+    out = ["", (f"Retrieval latency (Top-5, task-filtered, {lat['n']} queries): median {_f(lat['median'], '.2f')} ms, "
+                f"p95 {_f(lat['p95'], '.2f')} ms ({lat['what']}).")]
     inrun = lat.get("in_run_top5", {})
     if lat.get("probe_top5", {}).get("n") and inrun.get("n"):
-        out.append(f"heisd's own Top-5 queries during the episodes: {inrun['n']}, median {_f(inrun['median'], '.2f')} ms, "
-                   f"p95 {_f(inrun['p95'], '.2f')} ms.")
+        out.append(f"heisd's own Top-5 queries during the episodes: {inrun['n']}, "
+                   f"median {_f(inrun['median'], '.2f')} ms, p95 {_f(inrun['p95'], '.2f')} ms.")
     for m, v in lat.get("by_method", {}).items():
         out.append(f"- `{m}` store.search (Top-{v['top_k']}) inside its steps: {v['n']} queries, "
                    f"median {_f(v['median'], '.2f')} ms, p95 {_f(v['p95'], '.2f')} ms")
-    acc = meta["acceptance"]
-    if acc.get("evaluated"):
-        yes = {True: "met", False: "missed"}
-        out += ["", "Issue 4 targets (heisd vs ar, same run):", "",
-                (f"- success within 5 points of ar: {yes[acc['success_within_5_points']]} "
-                 f"(ar {_f(acc['ar_success_rate'], '.0%')}, heisd {_f(acc['heisd_success_rate'], '.0%')})"
-                 + ("" if acc.get("success_comparison_meaningful", True) else
-                    " -- vacuous: neither method solved an episode")),
-                f"- median step >= 2.5x faster than ar: {yes[acc['speedup_at_least_2.5x']]} ({_f(acc['heisd_speedup_vs_ar'])}x)",
-                (f"- accept length >= 4.5 tokens per cycle: {yes[acc['accept_length_at_least_4.5']]} "
-                 f"({_f(acc['heisd_accept_length'])})")]
-    out += ["", "Step latency is the wall time of `HybridDecoder.step` (vision, retrieval, drafting, verification,",
-            "detokenisation); the simulator is not included. CPU speedup uses the process CPU time of the same",
-            "call (immune to preemption by other processes). Accept length = tokens per decoding cycle (a cycle",
-            "is a verification forward or a skip).", ""]
-    return "\n".join(out)
+    return out
+
+
+def _md_targets(acc: dict[str, Any]) -> list[str]:
+    if not acc.get("evaluated"):
+        return []
+    yes = {True: "met", False: "missed"}
+    return ["", "Targets (heisd vs ar, same run):", "",
+            (f"- success within 5 points of ar: {yes[acc['success_within_5_points']]} "
+             f"(ar {_f(acc['ar_success_rate'], '.0%')}, heisd {_f(acc['heisd_success_rate'], '.0%')})"
+             + ("" if acc.get("success_comparison_meaningful", True) else
+                " -- vacuous: neither method solved an episode")),
+            f"- median step >= 2.5x faster than ar: {yes[acc['speedup_at_least_2.5x']]} "
+            f"({_f(acc['heisd_speedup_vs_ar'])}x)",
+            (f"- accept length >= 4.5 tokens per cycle: {yes[acc['accept_length_at_least_4.5']]} "
+             f"({_f(acc['heisd_accept_length'])})")]

@@ -1,4 +1,4 @@
-"""`heisd gen-demos`: scripted LIBERO demonstrations (DESIGN §9, issue 4 item 1).
+"""`heisd gen-demos`: scripted LIBERO demonstrations (docs/design.md §9).
 
 Usage:
     heisd gen-demos --suite libero_object --tasks 0-9 --init-states 0-39 --out artifacts/demos \
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
 from heisd_ros.tools.args import parse_range
 
 EVAL_INIT_STATES = range(40, 50)
@@ -111,10 +111,7 @@ class Summary:
         self.save()
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        tmp.replace(self.path)
+        write_json(self.path, self.data)
 
 
 def file_episode_offset(path: Path, offset: int) -> int:
@@ -133,11 +130,7 @@ def file_episode_offset(path: Path, offset: int) -> int:
 
 def run(config: GenDemosConfig, stop: "StopBetweenEpisodes | None" = None) -> dict[str, Any]:
     """Generate the demos; returns the summary dictionary. `stop` ends the run between episodes."""
-    from tqdm import tqdm
-
     from heisd_ros.sim.expert import ExpertConfig, WaypointExpert
-    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
-    from heisd_ros.sim.recorder import Hdf5DemoWriter, export_mcap, record_episode
 
     root = Path(config.out_dir) / config.suite
     summary = Summary(root / "summary.json", config)
@@ -146,55 +139,71 @@ def run(config: GenDemosConfig, stop: "StopBetweenEpisodes | None" = None) -> di
     expert = WaypointExpert(ExpertConfig(noise_std=config.noise_std, rot_noise_std=config.rot_noise_std,
                                          noise_corr=config.noise_corr, contact_noise_std=config.contact_noise_std,
                                          waypoint_jitter_m=config.waypoint_jitter_m))
-    bar = tqdm(total=len(jobs), desc=f"gen-demos {config.suite}", unit="ep")
+    bar = progress_bar(len(jobs), f"gen-demos {config.suite}", unit="ep")
     for task in config.tasks:
         todo = [(k, v) for (t, k, v) in jobs if t == task and (k, v) not in summary.attempted(task)]
         bar.update(len(variants) * len(config.init_states) - len(todo))
         if not todo:
             continue
-        env = LiberoEnv(LiberoEnvConfig(suite=config.suite, task_index=task, camera_size_px=config.camera_size_px))
-        name = str(env.task.name)
-        info = {"task_name": name, "instruction": env.instruction, "goal": list(asdict(env.goal).values())}
-        attrs = {
-            "problem_info": env.problem_info, "bddl_file_name": env.bddl_file, "suite": config.suite,
-            "task_index": task, "task_name": name, "instruction": env.instruction,
-            "env_args": {"env_name": "OffScreenRenderEnv", "camera_size_px": config.camera_size_px,
-                         "control_freq": 20, "controller": "OSC_POSE", "settle_steps": env.config.settle_steps},
-        }
-        path = root / f"{name}_demo.hdf5"
-        # Episode numbers (database point ids) start after the demos that lower init states would
-        # have, so files of disjoint init-state ranges (gen-demos runs into other --out dirs) can
-        # share one demo directory; a file that already holds demos keeps its numbering.
-        attrs["episode_offset"] = file_episode_offset(path, min(config.init_states) * len(variants))
-        with Hdf5DemoWriter(path, attrs) as writer:
-            written = writer.existing()
-            for k, v in todo:
-                if stop is not None and stop.requested:
-                    break
-                seed = episode_seed(config.seed, task, k, v)
-                if (k, v) in written:  # kept before an interrupted summary write
-                    demo, length = written[(k, v)]
-                    summary.add(task, info, {"init_state": k, "variant": v, "seed": seed, "success": True,
-                                             "length": length, "seconds": 0.0, "demo": demo})
-                    bar.update(1)
-                    continue
-                t0 = time.perf_counter()
-                episode = record_episode(env, expert, k, variant=v, seed=seed,
-                                         perturb_xy_m=config.perturb_xy_m if v else 0.0, max_steps=config.max_steps)
-                demo = writer.write(episode, init_state=env.init_states[k]) if episode.success else None
-                if demo is not None and config.bags:
-                    export_mcap(episode, root / "bags" / name / demo)
-                record = {"init_state": k, "variant": v, "seed": seed, "success": episode.success,
-                          "length": episode.length, "seconds": round(time.perf_counter() - t0, 2), "demo": demo}
-                summary.add(task, info, record)
-                bar.update(1)
-                bar.set_postfix(task=task, ok=summary.task(task)["successes"], len=episode.length)
-        env.close()
+        _run_task(config, task, todo, expert, summary, bar, stop)
         if stop is not None and stop.requested:
             print(f"gen-demos: stopped by signal after task {task}; rerun the same command to resume")
             break
     bar.close()
     return summary.data
+
+
+def _run_task(config: GenDemosConfig, task: int, todo: list[tuple[int, int]], expert, summary: Summary, bar,
+              stop: "StopBetweenEpisodes | None") -> None:
+    """The (init state, variant) episodes `todo` of one task into its HDF5 file (and bags)."""
+    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_ros.sim.recorder import Hdf5DemoWriter, export_mcap, record_episode
+
+    root = Path(config.out_dir) / config.suite
+    env = LiberoEnv(LiberoEnvConfig(suite=config.suite, task_index=task, camera_size_px=config.camera_size_px))
+    name = str(env.task.name)
+    info = {"task_name": name, "instruction": env.instruction, "goal": list(asdict(env.goal).values())}
+    path = root / f"{name}_demo.hdf5"
+    with Hdf5DemoWriter(path, _file_attrs(config, task, env, path)) as writer:
+        written = writer.existing()
+        for k, v in todo:
+            if stop is not None and stop.requested:
+                break
+            seed = episode_seed(config.seed, task, k, v)
+            if (k, v) in written:  # kept before an interrupted summary write
+                demo, length = written[(k, v)]
+                summary.add(task, info, {"init_state": k, "variant": v, "seed": seed, "success": True,
+                                         "length": length, "seconds": 0.0, "demo": demo})
+                bar.update(1)
+                continue
+            t0 = time.perf_counter()
+            episode = record_episode(env, expert, k, variant=v, seed=seed,
+                                     perturb_xy_m=config.perturb_xy_m if v else 0.0, max_steps=config.max_steps)
+            demo = writer.write(episode, init_state=env.init_states[k]) if episode.success else None
+            if demo is not None and config.bags:
+                export_mcap(episode, root / "bags" / name / demo)
+            record = {"init_state": k, "variant": v, "seed": seed, "success": episode.success,
+                      "length": episode.length, "seconds": round(time.perf_counter() - t0, 2), "demo": demo}
+            summary.add(task, info, record)
+            bar.update(1)
+            bar.set_postfix(task=task, ok=summary.task(task)["successes"], len=episode.length)
+    env.close()
+
+
+def _file_attrs(config: GenDemosConfig, task: int, env, path: Path) -> dict[str, Any]:
+    """The attributes of a task's demo file: LIBERO's problem and environment, and its episode offset."""
+    name = str(env.task.name)
+    attrs = {
+        "problem_info": env.problem_info, "bddl_file_name": env.bddl_file, "suite": config.suite,
+        "task_index": task, "task_name": name, "instruction": env.instruction,
+        "env_args": {"env_name": "OffScreenRenderEnv", "camera_size_px": config.camera_size_px,
+                     "control_freq": 20, "controller": "OSC_POSE", "settle_steps": env.config.settle_steps},
+    }
+    # Episode numbers (database point ids) start after the demos that lower init states would
+    # have, so files of disjoint init-state ranges (gen-demos runs into other --out dirs) can
+    # share one demo directory; a file that already holds demos keeps its numbering.
+    attrs["episode_offset"] = file_episode_offset(path, min(config.init_states) * (config.perturbations + 1))
+    return attrs
 
 
 class StopBetweenEpisodes:

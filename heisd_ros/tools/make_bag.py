@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import math
 import sys
@@ -26,17 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.pipeline.bags import (
+    BOOL, COMPRESSED_IMAGE, IMAGE, POSE, STORAGES, STRING, BagTopics, BagWriter, compressed_image_msg, header,
+    image_msg, pose_msg,
+)
 
 VIEWS = ("agentview", "wrist")
-TOPICS = {
-    "agentview": "/agentview/image_raw",
-    "wrist": "/wrist/image_raw",
-    "pose": "/ee_pose",
-    "instruction": "/instruction",
-    "episode_result": "/episode_result",
-}
-"""The node's default topics (config/policy.yaml) in the root namespace."""
+_NODE_TOPICS = BagTopics()
+TOPICS = {**dict(_NODE_TOPICS.images), "pose": _NODE_TOPICS.ee_pose, "instruction": _NODE_TOPICS.instruction,
+          "episode_result": _NODE_TOPICS.episode_result}  # fmt: skip
+"""Summary key -> topic: the node's default topics (config/policy.yaml) in the root namespace."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class MakeBagConfig:
             raise ConfigError("rate_hz must be > 0")
         if not 8 <= self.image_size <= 1024:
             raise ConfigError("image_size must be in [8, 1024]")
-        if self.storage not in ("mcap", "sqlite3"):
+        if self.storage not in STORAGES:
             raise ConfigError(f"storage must be mcap or sqlite3, got {self.storage!r}")
         if self.encoding not in SUPPORTED_ENCODINGS:
             raise ConfigError(f"encoding must be one of {SUPPORTED_ENCODINGS}")
@@ -90,92 +89,51 @@ class MakeBagConfig:
             raise ConfigError(f"tasks must be in [1, {len(TASKS)}]")
 
 
-def _stamp(ts: Any, t_s: float) -> Any:
-    ns = int(round(t_s * 1e9))
-    return ts.types["builtin_interfaces/msg/Time"](sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+def _ns(t_s: float) -> int:
+    return int(round(t_s * 1e9))
 
 
-def _image(ts: Any, rgb: np.ndarray, t_s: float, frame: str, cfg: MakeBagConfig) -> tuple[str, Any]:
-    header = ts.types["std_msgs/msg/Header"](stamp=_stamp(ts, t_s), frame_id=frame)
+def _image(rgb: np.ndarray, t_s: float, frame: str, cfg: MakeBagConfig) -> Any:
+    hdr = header(_ns(t_s), frame)
     if cfg.compressed != "none":
-        from PIL import Image as PILImage
-
-        buf = io.BytesIO()
-        PILImage.fromarray(rgb).save(buf, format=cfg.compressed.upper())
-        data = np.frombuffer(buf.getvalue(), dtype=np.uint8)
-        return "sensor_msgs/msg/CompressedImage", ts.types["sensor_msgs/msg/CompressedImage"](
-            header=header, format=f"rgb8; {cfg.compressed} compressed rgb8", data=data)
-    from heisd_ros.ros.conversions import _RAW_ENCODINGS
-
-    channels, order = _RAW_ENCODINGS[cfg.encoding]
-    if order is None:
-        pixels = rgb.mean(axis=2).round().astype(np.uint8)[:, :, None]
-    else:
-        pixels = np.full(rgb.shape[:2] + (channels,), 255, dtype=np.uint8)
-        pixels[:, :, list(order)] = rgb
-    h, w = rgb.shape[:2]
-    return "sensor_msgs/msg/Image", ts.types["sensor_msgs/msg/Image"](
-        header=header, height=h, width=w, encoding=cfg.encoding, is_bigendian=0, step=w * channels,
-        data=np.ascontiguousarray(pixels).reshape(-1))
-
-
-def _pose(ts: Any, p: np.ndarray, t_s: float) -> Any:
-    g = ts.types
-    header = g["std_msgs/msg/Header"](stamp=_stamp(ts, t_s), frame_id="base_link")
-    pose = g["geometry_msgs/msg/Pose"](position=g["geometry_msgs/msg/Point"](x=float(p[0]), y=float(p[1]), z=float(p[2])),
-                                       orientation=g["geometry_msgs/msg/Quaternion"](x=0.0, y=0.0, z=0.0, w=1.0))
-    return g["geometry_msgs/msg/PoseStamped"](header=header, pose=pose)
+        return compressed_image_msg(hdr, rgb, cfg.compressed)
+    return image_msg(hdr, rgb, cfg.encoding)
 
 
 def make_bag(path: str | Path, cfg: MakeBagConfig = MakeBagConfig()) -> dict:
     """Write the bag at `path` (must not exist). Returns a summary (steps, topics, messages)."""
-    from rosbags.rosbag2 import StoragePlugin, Writer
-    from rosbags.typesys import Stores, get_typestore
-
     from heisd_ros.sim import synthetic
 
     path = Path(path)
     if path.exists():
         raise ConfigError(f"{path} exists; choose a new bag path")
-    ts = get_typestore(Stores.ROS2_KILTED)
-    plugin = StoragePlugin.MCAP if cfg.storage == "mcap" else StoragePlugin.SQLITE3
-    img_type = "sensor_msgs/msg/CompressedImage" if cfg.compressed != "none" else "sensor_msgs/msg/Image"
+    img_type = COMPRESSED_IMAGE if cfg.compressed != "none" else IMAGE
     rng = np.random.default_rng(cfg.seed)
     dt = 1.0 / cfg.rate_hz
-    counts = {k: 0 for k in TOPICS}
     steps, t = 0, cfg.start_time_s
-    with Writer(path, version=9, storage_plugin=plugin) as writer:
-        conns = {
-            "agentview": writer.add_connection(TOPICS["agentview"], img_type, typestore=ts),
-            "wrist": writer.add_connection(TOPICS["wrist"], img_type, typestore=ts),
-            "pose": writer.add_connection(TOPICS["pose"], "geometry_msgs/msg/PoseStamped", typestore=ts),
-            "instruction": writer.add_connection(TOPICS["instruction"], "std_msgs/msg/String", typestore=ts),
-            "episode_result": writer.add_connection(TOPICS["episode_result"], "std_msgs/msg/Bool", typestore=ts),
-        }
-
-        def put(key: str, msg: Any, msgtype: str, t_s: float) -> None:
-            writer.write(conns[key], int(round(t_s * 1e9)), ts.serialize_cdr(msg, msgtype))
-            counts[key] += 1
-
-        tasks = synthetic.TASKS[: cfg.tasks]
+    with BagWriter(path, cfg.storage) as bag:
+        for key, msgtype in (("agentview", img_type), ("wrist", img_type), ("pose", POSE), ("instruction", STRING),
+                             ("episode_result", BOOL)):  # fmt: skip
+            bag.add(TOPICS[key], msgtype)
+        done = bag.ts.types[BOOL](data=True)
         episode_key = None
+        tasks = synthetic.TASKS[: cfg.tasks]
         for s in synthetic.episodes(cfg.seed, cfg.episodes, cfg.steps, cfg.image_size, tasks=tasks):
             if (s.instruction, s.episode) != episode_key:
                 if episode_key is not None:
-                    put("episode_result", ts.types["std_msgs/msg/Bool"](data=True), "std_msgs/msg/Bool", t)
+                    bag.write(TOPICS["episode_result"], _ns(t), done)
                     t += dt
                 episode_key = (s.instruction, s.episode)
-                text = cfg.instruction or s.instruction
-                put("instruction", ts.types["std_msgs/msg/String"](data=text), "std_msgs/msg/String", t)
+                bag.write(TOPICS["instruction"], _ns(t), bag.ts.types[STRING](data=cfg.instruction or s.instruction))
                 t += dt
-            put("pose", _pose(ts, s.ee_pos, t), "geometry_msgs/msg/PoseStamped", t)
+            bag.write(TOPICS["pose"], _ns(t), pose_msg(header(_ns(t), "base_link"), s.ee_pos))
             for view in VIEWS:
                 ti = t + float(rng.uniform(0.0, cfg.jitter_s))
-                msgtype, msg = _image(ts, s.images[view], ti, view, cfg)
-                put(view, msg, msgtype, ti + 1e-4)
+                bag.write(TOPICS[view], _ns(ti + 1e-4), _image(s.images[view], ti, view, cfg))
             steps += 1
             t += dt
-        put("episode_result", ts.types["std_msgs/msg/Bool"](data=True), "std_msgs/msg/Bool", t)
+        bag.write(TOPICS["episode_result"], _ns(t), done)
+    counts = {key: bag.counts[topic] for key, topic in TOPICS.items()}
     return {"path": str(path), "steps": steps, "messages": counts, "config": dataclasses.asdict(cfg)}
 
 
@@ -193,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(MakeBagConfig)}
     try:
         summary = make_bag(args.out, MakeBagConfig(**values))
-    except ConfigError as err:
+    except HeisdError as err:
         print(f"make_bag: {err}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=1))

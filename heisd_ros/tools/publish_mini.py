@@ -1,4 +1,4 @@
-"""`heisd publish-mini`: a compact, committed copy of the mini LIBERO policy (issue 4 item 7).
+"""`heisd publish-mini`: a compact, committed copy of the mini LIBERO policy.
 
 Usage:
     heisd publish-mini [--model artifacts/mini_vla] [--drafter artifacts/mini_drafter]
@@ -63,17 +63,18 @@ def publish(cfg: PublishConfig) -> dict:
     import torch
 
     from heisd_ros.core.drafter import load_drafter
-    from heisd_ros.pipeline.outputs import hash_file
-    from heisd_ros.models.loader import load_vla
-    from heisd_ros.pipeline.outputs import git_revision
+    from heisd_ros.models.loader import load_policy_model
+    from heisd_ros.pipeline.outputs import git_revision, hash_file
 
     _check_calibration(Path(cfg.calibration))  # refuse a broken file before writing anything
     out = Path(cfg.out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     paths = published_paths(tmp)
-    vla = load_vla(cfg.model, dtype="bfloat16")
+    vla, prior = load_policy_model(cfg.model, dtype="bfloat16")
     vla.save_pretrained(paths["model_dir"])
+    if prior is not None:
+        prior.save(paths["model_dir"])
     for name in ("train_log.json", "state_prior_log.json"):
         if (Path(cfg.model) / name).is_file():
             shutil.copy2(Path(cfg.model) / name, paths["model_dir"] / name)

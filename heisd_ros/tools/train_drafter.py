@@ -1,4 +1,4 @@
-"""`heisd train-drafter`: the EAGLE-style drafter head of the mini VLA (DESIGN §2.4, issue 4.3).
+"""`heisd train-drafter`: the EAGLE-style drafter head of the mini VLA (docs/design.md §2, §3).
 
 Usage:
     heisd train-drafter --model artifacts/mini_vla --demos artifacts/demos/libero_object \
@@ -7,7 +7,8 @@ Usage:
 
 The head (one LLaMA block over fc([token embedding ; feature])) learns from the VLA's *own*
 hidden states: the demo steps are relabelled with the VLA's greedy action tokens (batched,
-KV-cached AR, kept on disk next to the feature cache for `heisd calibrate`), then trained
+KV-cached AR under the model's state prior, if it has one, as the engine decodes; kept on disk
+next to the feature cache for `heisd calibrate`), then trained
 with feature regression + token cross-entropy (`heisd_ros.pipeline.training.train_drafter`).
 Episodes the VLA held out (its train_log.json) stay held out here.
 
@@ -91,7 +92,7 @@ def agreement(vla, drafter, own_examples, batch_size: int = 64) -> dict:
             "chain_accept_mean": float(np.cumprod(ok, axis=1).sum(1).mean())}
 
 
-def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
+def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int, state_prior=None) -> dict:
     """Run the engine's `drafter` and `ar` methods on `n_steps` held-out steps (spread over `refs`)."""
     from heisd_ros.core.config import DecoderConfig
     from heisd_ros.core.engine import HybridDecoder
@@ -102,8 +103,8 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
         return {}
     per_episode = max(1, n_steps // len(refs))
     rng = np.random.default_rng(seed)
-    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
-    sd = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter)
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"), state_prior=state_prior)
+    sd = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter, state_prior=state_prior)
     accept, forwards, same, ms_ar, ms_sd = [], [], [], [], []
     for ref in refs:
         ep = load_episode(ref)
@@ -126,24 +127,22 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int) -> dict:
 
 
 def run(cfg: TrainDrafterConfig) -> dict:
-    from heisd_ros.pipeline.features import FeatureCache, GreedyCache, held_out_split, own_examples
-    from heisd_ros.pipeline.outputs import progress_bar
-    from heisd_ros.pipeline.outputs import write_json
-    from heisd_ros.pipeline.features import episode_tokens
+    from heisd_ros.models.loader import load_policy_model
     from heisd_ros.pipeline.episodes import load_episode, scan_hdf5
-    from heisd_ros.models.loader import load_vla
+    from heisd_ros.pipeline.features import (FeatureCache, GreedyCache, episode_tokens, held_out_split,
+                                             own_examples)
+    from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
     from heisd_ros.pipeline.training import train_drafter
-    from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    vla = load_vla(cfg.model)
+    vla, prior = load_policy_model(cfg.model)
     refs = scan_hdf5(cfg.demos, cfg.tasks)
     train_refs, val_refs = held_out_split(refs, cfg.model, cfg.val_fraction, cfg.seed)
     cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
     cache = FeatureCache(cache_dir, vla)
-    greedy = GreedyCache(cache_dir, vla, cfg.model)
+    greedy = GreedyCache(cache_dir, vla, cfg.model, state_prior=prior)
     t_greedy = time.perf_counter()
     own, _ = own_examples(vla, train_refs, cache, greedy, "greedy relabel", cfg.progress)
     own_val, _ = own_examples(vla, val_refs, cache, greedy, "greedy relabel (held out)", cfg.progress)
@@ -167,7 +166,7 @@ def run(cfg: TrainDrafterConfig) -> dict:
     t_eval = time.perf_counter()
     held = agreement(vla, drafter, own_val) if own_val else None
     train_sample = agreement(vla, drafter, own[:: max(1, len(own) // 2048)])
-    engine = engine_accept_length(vla, drafter, val_refs, cfg.engine_steps, cfg.seed)
+    engine = engine_accept_length(vla, drafter, val_refs, cfg.engine_steps, cfg.seed, prior)
     log = {
         "command": "heisd train-drafter",
         "config": dataclasses.asdict(cfg),

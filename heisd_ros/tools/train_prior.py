@@ -8,8 +8,9 @@ Per task, a two-layer MLP learns each action dimension's bin (the VLA's own q01/
 and 256 action tokens) from the end-effector position and the finger gap of every step of the
 task's demonstrations (`models/state_prior.py` says why). `--out` receives a copy of the VLA
 directory plus `state_prior.json` / `state_prior.safetensors` and `state_prior_log.json`
-(command, seed, git revision, per-task fit). `load_vla(--out)` then decodes with the prior;
-the drafter and database built for `--model` stay valid (the prior changes no hidden state).
+(command, seed, git revision, per-task fit). Every command that loads `--out` as a policy
+(`load_policy_model`) then decodes with the prior; the drafter and database built for `--model`
+stay valid (the prior changes no hidden state).
 """
 
 from __future__ import annotations

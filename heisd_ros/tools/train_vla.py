@@ -1,28 +1,22 @@
-"""`heisd train-vla`: train the mini VLA on LIBERO-layout demonstrations (DESIGN §3, issue 4.2).
+"""`heisd train-vla`: train the mini VLA on LIBERO-layout demonstrations (docs/design.md §3).
 
 Usage:
     heisd train-vla --demos artifacts/demos/libero_object --out artifacts/mini_vla \
         [--image-size 128] [--steps 1500] [--batch-size 32] [--seed 0] [--hidden-size 384] [--layers 6]
         [--val-fraction 0.1] [--cache-dir DIR] [--tasks 0-9] [--max-episodes-per-task N] [--fp32] [--threads 1]
-        [--prompt-views 1|2] [--proprio [--prev-gripper] [--gripper-dwell CAP] [--proprio-fourier N] [--image-dropout P]] [--multiscale]
-        [--backbone-blocks N [--backbone-lr-scale 0.1] [--shift-px 8]]
+        [--prompt-views 1|2] [--proprio [--gripper-gap]] [--init-from DIR]
 
 Model: EfficientNet-Lite0 with the real ImageNet weights (frozen) -> 2-layer MLP projector -> a
 small LLaMA decoder trained from scratch (default 6 layers, hidden 384, 6 heads / 2 KV heads,
-MLP 1024; docs/mini_vla.md explains the measured choice), with the word-hash prompt tokenizer and 256 OpenVLA
-action tokens at the end of the vocabulary. By default only the primary view (agentview) feeds
-the prompt, as in OpenVLA; `--prompt-views 2` adds the wrist view's patches and `--proprio` one
-token of the end-effector position (docs/mini_vla.md); `--multiscale` stacks the stride-16 and
-stride-8 activations under each patch token into its features (same token count;
-models/efficientnet.py). Both views form the retrieval query
-either way (DESIGN §2.1). Norm stats (q01/q99) come from the training episodes' actions.
+MLP 1024; docs/mini_vla.md explains the choice), with the word-hash prompt tokenizer and 256
+OpenVLA action tokens at the end of the vocabulary. By default only the primary view (agentview)
+feeds the prompt, as in OpenVLA; `--prompt-views 2` adds the wrist view's patches, `--proprio`
+one token of the end-effector position and `--gripper-gap` the finger opening on that token
+(docs/mini_vla.md). Both views form the retrieval query either way (docs/design.md §2). Norm
+stats (q01/q99) come from the training episodes' actions.
 
 The frozen backbone's patch features are computed once per demo step and cached on disk
 (`--cache-dir`, default `<out>_features/`), so training runs the projector and the LLM only.
-`--backbone-blocks N` fine-tunes the backbone's last N blocks and head instead (BatchNorm
-statistics stay ImageNet's; learning rate x `--backbone-lr-scale`): the frames are then held in
-memory and run through the backbone every step (no cache), optionally shifted by up to
-`--shift-px` pixels. OpenVLA found fine-tuning the vision encoder necessary for control.
 `--val-fraction` of each task's episodes is held out to measure teacher-forced token accuracy.
 
 Writes `<out>/` in the on-disk form `load_vla` reads (config.json, model.safetensors,
@@ -79,42 +73,12 @@ class TrainVLAConfig:
     """Views whose patches enter the prompt (1: agentview, as OpenVLA; 2: + wrist)."""
     proprio: bool = False
     """Add the end-effector position as one prompt token (normalised by the training episodes)."""
-    prev_gripper: bool = False
-    """The state token also reads the previous step's gripper command (needs `proprio`)."""
-    gripper_dwell: int = 0
-    """> 0: the state token also reads for how many steps (capped here) the previous gripper command
-    has been executed (needs `proprio`; `VLAConfig.proprio_gripper_dwell`)."""
     gripper_gap: bool = False
     """The state token also reads the opening between the fingers (needs `proprio`;
     `VLAConfig.proprio_gripper_gap`)."""
-    proprio_fourier: int = 0
-    """> 0: the state token also reads sin/cos of the position at this many octaves (needs `proprio`;
-    `VLAConfig.proprio_fourier`)."""
-    multiscale: bool = False
-    """Multi-scale patch tokens (vision 'efficientnet_lite0_ms'): finer positions, same prompt length."""
-    backbone_blocks: int = 0
-    """Fine-tune the backbone's last N MBConv blocks and head (0: frozen backbone, cached features)."""
-    backbone_lr_scale: float = 0.1
-    """Learning rate of the fine-tuned backbone blocks relative to `lr`."""
-    shift_px: int = 0
-    """Random-shift augmentation of training images by up to this many pixels (needs backbone_blocks)."""
-    relabel_grasp_dwell: bool = False
-    """Label the expert's settled grasp-dwell steps with its first lift action (`models.relabel`),
-    so a one-image policy does not learn to hold still forever once it has grasped."""
-    prefix_swap: float = 0.0
-    """Probability that each teacher-forced action *input* token is swapped for another example's
-    token of the same dimension (targets unchanged), so later tokens (the gripper above all) are read
-    off the image rather than off the tokens before them (`training.swap_prefix_tokens`)."""
-    image_dropout: float = 0.0
-    """Share of training examples whose visual tokens are blanked (modality dropout; needs `proprio`):
-    the state token alone must then predict the action, so the policy learns to read it."""
-    image_jitter: int = 0
-    """Show each training example the image of a step up to this many steps before or after it in its
-    episode (needs `proprio` and cached features): the image then says the phase, only the state token
-    says exactly where the hand is (`training.jitter_images`, NOTES 38)."""
     init_from: str = ""
-    """Start from this saved VLA (its architecture, tokenizer and norm stats; the size options above are
-    ignored) instead of from scratch: fine-tuning on aggregated data (`heisd dagger`)."""
+    """Start from this saved VLA (its architecture, tokenizer, norm stats and state prior; the size
+    options above are ignored) instead of from scratch: fine-tuning on more demonstrations."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -134,29 +98,8 @@ class TrainVLAConfig:
             raise ConfigError("val_fraction must be in [0, 1)")
         if self.lr <= 0:
             raise ConfigError("lr must be > 0")
-        if self.prev_gripper and not self.proprio:
-            raise ConfigError("--prev-gripper needs --proprio (it rides on the state token)")
-        if self.gripper_dwell < 0 or (self.gripper_dwell and not self.proprio):
-            raise ConfigError("--gripper-dwell must be >= 0 and needs --proprio (it rides on the state token)")
         if self.gripper_gap and not self.proprio:
             raise ConfigError("--gripper-gap rides on the state token: add --proprio")
-        if self.proprio_fourier < 0 or (self.proprio_fourier and not self.proprio):
-            raise ConfigError("--proprio-fourier must be >= 0 and needs --proprio (it rides on the state token)")
-        if not 0 <= self.backbone_blocks <= 16:
-            raise ConfigError("backbone_blocks must be in 0..16 (EfficientNet-Lite0 has 16 blocks)")
-        if self.backbone_lr_scale <= 0:
-            raise ConfigError("backbone_lr_scale must be > 0")
-        if not 0.0 <= self.image_dropout < 1.0 or (self.image_dropout and not self.proprio):
-            raise ConfigError("--image-dropout must be in [0, 1) and needs --proprio (without the image "
-                              "only the state token is left to act on)")
-        if self.image_jitter < 0 or (self.image_jitter and (not self.proprio or self.backbone_blocks)):
-            raise ConfigError("--image-jitter must be >= 0, needs --proprio (the state token has to carry the "
-                              "exact position) and a frozen backbone (it draws from cached features)")
-        if not 0.0 <= self.prefix_swap <= 1.0:
-            raise ConfigError("prefix_swap must be in [0, 1]")
-        if self.shift_px < 0 or (self.shift_px and not self.backbone_blocks):
-            raise ConfigError("shift_px must be >= 0, and image augmentation needs --backbone-blocks "
-                              "(a frozen backbone trains on cached features, not images)")
 
     @property
     def feature_cache_dir(self) -> Path:
@@ -186,12 +129,10 @@ def mini_vla_config(cfg: TrainVLAConfig, ee_pos: np.ndarray | None = None):
             raise ConfigError("--proprio needs the training episodes' end-effector positions")
         proprio = dict(proprio_dim=3, proprio_mean=tuple(float(x) for x in ee_pos.mean(0)),
                        proprio_std=tuple(float(x) for x in np.maximum(ee_pos.std(0), 1e-3)),
-                       proprio_prev_gripper=cfg.prev_gripper, proprio_gripper_dwell=cfg.gripper_dwell,
-                       proprio_fourier=cfg.proprio_fourier, proprio_gripper_gap=cfg.gripper_gap)
-    from heisd_ros.models.efficientnet import MULTISCALE_DIM, OUT_DIM
+                       proprio_gripper_gap=cfg.gripper_gap)
+    from heisd_ros.models.efficientnet import OUT_DIM
 
-    vision, dim = ("efficientnet_lite0_ms", MULTISCALE_DIM) if cfg.multiscale else ("efficientnet_lite0", OUT_DIM)
-    return VLAConfig(vision=vision, image_size=cfg.image_size, patch_size=32, vision_dim=dim,
+    return VLAConfig(vision="efficientnet_lite0", image_size=cfg.image_size, patch_size=32, vision_dim=OUT_DIM,
                      llm=llm, tokenizer="hash_words", hash_text_ids=cfg.hash_text_ids, unnorm_key="default",
                      prompt_views=cfg.prompt_views, **proprio)
 
@@ -218,16 +159,16 @@ def _hash_collisions(tok, instructions: list[str]) -> list[list[str]]:
     return [ws for ws in by_id.values() if len(ws) > 1]
 
 
-def _examples(vla, stats, refs, val_refs, cache, progress: bool, relabel: bool = False) -> tuple[list, list]:
-    """(train, held-out) Examples with cached backbone features (or images when `cache` is None)."""
+def _examples(vla, stats, refs, val_refs, cache, progress: bool) -> tuple[list, list]:
+    """(train, held-out) Examples with cached backbone features."""
     from heisd_ros.pipeline.features import episode_examples
     from heisd_ros.pipeline.outputs import progress_bar
 
     held = set(val_refs)
     train, val = [], []
-    bar = progress_bar(len(refs), "features" if cache is not None else "frames", progress)
+    bar = progress_bar(len(refs), "features", progress)
     for r in refs:
-        (val if r in held else train).extend(episode_examples(vla, stats, r, cache, relabel))
+        (val if r in held else train).extend(episode_examples(vla, stats, r, cache))
         bar.update(1)
     bar.close()
     return train, val
@@ -255,23 +196,35 @@ def _train(vla, train: list, val: list, cfg: TrainVLAConfig) -> tuple[list[float
             bar.set_postfix(loss=f"{loss:.3f}", val_acc=f"{acc['token_accuracy']:.3f}")
 
     losses = train_vla(vla, train, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                       progress=progress, bf16_autocast=cfg.bf16_autocast,
-                       backbone_lr_scale=cfg.backbone_lr_scale, shift_px=cfg.shift_px,
-                       prefix_swap=cfg.prefix_swap, image_dropout=cfg.image_dropout,
-                       image_jitter=cfg.image_jitter)
+                       progress=progress, bf16_autocast=cfg.bf16_autocast)
     bar.close()
     return losses, curve
 
 
-def run(cfg: TrainVLAConfig) -> dict:
+def _start_model(cfg: TrainVLAConfig, train_refs: list):
+    """(VLA, its norm stats, the state prior to carry over or None): `--init-from`'s model, or a
+    fresh mini VLA with norm stats and state normalisation from the training episodes."""
     from heisd_ros.core.action_tokenizer import NormStats
-    from heisd_ros.pipeline.features import FeatureCache, token_accuracy
-    from heisd_ros.pipeline.outputs import write_json
-    from heisd_ros.pipeline.episodes import load_episode, scan_hdf5, split_episodes
-    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.loader import load_policy_model
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
     from heisd_ros.models.vla import VLAModel
-    from heisd_ros.pipeline.outputs import git_revision
+    from heisd_ros.pipeline.episodes import load_episode
+
+    if cfg.init_from:
+        # Keep the starting model's norm stats: a token must keep meaning the same action (and the
+        # state prior, which predicts those tokens, stays valid).
+        vla, prior = load_policy_model(cfg.init_from, dtype="float32")
+        return vla.eval(), vla.stats(), prior
+    train_eps = [load_episode(r, with_images=False) for r in train_refs]
+    vcfg = mini_vla_config(cfg, np.concatenate([e.ee_pos for e in train_eps]))
+    stats = NormStats.fit(np.concatenate([e.actions for e in train_eps]))
+    return VLAModel(vcfg, {vcfg.unnorm_key: stats}, HashWordTokenizer(cfg.hash_text_ids)).eval(), stats, None
+
+
+def run(cfg: TrainVLAConfig) -> dict:
+    from heisd_ros.pipeline.episodes import scan_hdf5, split_episodes
+    from heisd_ros.pipeline.features import FeatureCache, token_accuracy
+    from heisd_ros.pipeline.outputs import git_revision, write_json
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -281,25 +234,11 @@ def run(cfg: TrainVLAConfig) -> dict:
     train_refs, val_refs = split_episodes(refs, cfg.val_fraction, cfg.seed)
     if not train_refs:
         raise ConfigError(f"no training episodes in {cfg.demos}")
-    if cfg.init_from:
-        # Keep the starting model's norm stats: a token must keep meaning the same action.
-        vla = load_vla(cfg.init_from, dtype="float32").eval()
-        vcfg, tok = vla.cfg, vla.text_tokenizer
-        stats = vla.stats()
-    else:
-        train_eps = [load_episode(r, with_images=False) for r in train_refs]
-        actions = np.concatenate([e.actions for e in train_eps])
-        vcfg = mini_vla_config(cfg, np.concatenate([e.ee_pos for e in train_eps]))
-        stats = NormStats.fit(actions)
-        tok = HashWordTokenizer(cfg.hash_text_ids)
-        vla = VLAModel(vcfg, {vcfg.unnorm_key: stats}, tok).eval()
-    collisions = _hash_collisions(tok, sorted({r.task for r in refs}))
-
-    if cfg.backbone_blocks:
-        vla.vision_backbone.fine_tune_tail(cfg.backbone_blocks)
+    vla, stats, prior = _start_model(cfg, train_refs)
+    collisions = _hash_collisions(vla.text_tokenizer, sorted({r.task for r in refs}))
     t_cache = time.perf_counter()
-    cache = FeatureCache(cfg.feature_cache_dir, vla) if not cfg.backbone_blocks else None
-    train, val = _examples(vla, stats, refs, val_refs, cache, cfg.progress, cfg.relabel_grasp_dwell)
+    cache = FeatureCache(cfg.feature_cache_dir, vla)
+    train, val = _examples(vla, stats, refs, val_refs, cache, cfg.progress)
     cache_s = time.perf_counter() - t_cache
     t_train = time.perf_counter()
     losses, curve = _train(vla, train, val, cfg)
@@ -309,12 +248,14 @@ def run(cfg: TrainVLAConfig) -> dict:
              "train_sample": token_accuracy(vla, train[:: max(1, len(train) // EVAL_SUBSET)])}
     eval_s = time.perf_counter() - t_eval
     vla.save_pretrained(cfg.out)
+    if prior is not None:
+        prior.save(cfg.out)
     n_params = {name: sum(p.numel() for p in getattr(vla, name).parameters())
                 for name in ("vision_backbone", "projector", "language_model")}
     log = {
         "command": "heisd train-vla",
         "config": {**dataclasses.asdict(cfg), "tasks": list(cfg.tasks) if cfg.tasks else None},
-        "vla_config": dataclasses.asdict(vcfg),
+        "vla_config": dataclasses.asdict(vla.cfg),
         "seed": cfg.seed,
         "git_revision": git_revision(),
         "threads": cfg.threads,
@@ -329,8 +270,7 @@ def run(cfg: TrainVLAConfig) -> dict:
         "held_out_curve": curve,
         "final": final,
         "seconds": {"features": cache_s, "train": train_s, "eval": eval_s, "total": time.perf_counter() - t0},
-        "feature_cache": ({"dir": str(cache.dir), "computed": cache.computed, "reused": cache.hits}
-                          if cache is not None else None),
+        "feature_cache": {"dir": str(cache.dir), "computed": cache.computed, "reused": cache.hits},
     }
     write_json(Path(cfg.out) / "train_log.json", log)
     return log
@@ -365,36 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-views", type=int, default=d.prompt_views,
                    help="views whose patches enter the prompt: 1 = agentview (OpenVLA), 2 = + wrist")
     p.add_argument("--proprio", action="store_true", help="add the end-effector position as a prompt token")
-    p.add_argument("--prev-gripper", action="store_true",
-                   help="with --proprio: the state token also reads the previous gripper command")
-    p.add_argument("--gripper-dwell", type=int, default=d.gripper_dwell, metavar="CAP",
-                   help="with --proprio: the state token also reads for how many steps (up to CAP) the "
-                        "previous gripper command has been executed, so timed holds end")
     p.add_argument("--gripper-gap", action="store_true",
                    help="the state token also reads the opening between the fingers (demos need obs/gripper_states)")
-    p.add_argument("--proprio-fourier", type=int, default=d.proprio_fourier, metavar="OCTAVES",
-                   help="with --proprio: the state token also reads sin/cos of the position at this many "
-                        "octaves, so millimetres move it")
-    p.add_argument("--multiscale", action="store_true",
-                   help="stack stride-16 and stride-8 features into each patch token (same prompt length)")
-    p.add_argument("--backbone-blocks", type=int, default=d.backbone_blocks,
-                   help="fine-tune the backbone's last N blocks + head (0 = frozen, cached features)")
-    p.add_argument("--backbone-lr-scale", type=float, default=d.backbone_lr_scale)
-    p.add_argument("--shift-px", type=int, default=d.shift_px,
-                   help="random-shift augmentation of training images (needs --backbone-blocks)")
-    p.add_argument("--relabel-grasp-dwell", action="store_true",
-                   help="label the expert's settled grasp-dwell steps with its first lift action")
-    p.add_argument("--prefix-swap", type=float, default=d.prefix_swap,
-                   help="probability of swapping each teacher-forced action input token for another "
-                        "example's (targets unchanged): the gripper token then reads the image")
-    p.add_argument("--image-dropout", type=float, default=d.image_dropout,
-                   help="with --proprio: share of training examples with blanked visual tokens, so the "
-                        "policy learns to act on its state token")
-    p.add_argument("--image-jitter", type=int, default=d.image_jitter,
-                   help="with --proprio: show each example the image of a step up to N steps away in its "
-                        "episode, so the policy reads its exact position from the state token")
     p.add_argument("--init-from", default=d.init_from,
-                   help="fine-tune this saved VLA (its architecture and norm stats) instead of training from scratch")
+                   help="fine-tune this saved VLA (its architecture, norm stats and state prior) instead of "
+                        "training from scratch")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 

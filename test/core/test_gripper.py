@@ -49,7 +49,7 @@ def test_engine_executes_the_debounced_command_and_keeps_the_tokens(vla) -> None
         wanted.append(gripper_command(a[GRIPPER_INDEX]))
         executed.append(float(b[GRIPPER_INDEX]))
         flags.append(st_b.gripper_held)
-        assert held.last_gripper_command == executed[-1]
+        assert held.gripper.state == executed[-1]
     assert len(set(wanted)) == 2, "the random observations should ask for both gripper states"
     assert executed == reference(wanted, 2)
     assert flags == [e != w for e, w in zip(executed, wanted)]
@@ -59,17 +59,3 @@ def test_engine_executes_the_debounced_command_and_keeps_the_tokens(vla) -> None
 def test_hold_steps_are_validated() -> None:
     with pytest.raises(ConfigError):
         DecoderConfig(gripper_hold_steps=-1)
-
-
-def test_dwell_counts_steps_of_the_executed_command() -> None:
-    """The dwell follows what was executed: a change held back by the debounce does not reset it."""
-    d = GripperDebounce(2)
-    assert d.dwell == 0
-    dwells = []
-    for v in [-1, -1, 1, 1, 1, -1, 1]:
-        d(float(v))
-        dwells.append(d.dwell)
-    # executed: -1 -1 -1(held) 1 1 1(held back -1) 1
-    assert dwells == [1, 2, 3, 1, 2, 3, 4]
-    d.reset()
-    assert d.dwell == 0 and d.state == -1.0

@@ -1,4 +1,4 @@
-"""Fused kinematic metric (DESIGN §5): R, D, normalisation, the sliding window and calibration stats."""
+"""Fused kinematic metric (docs/design.md §5): R, D, normalisation, the sliding window and calibration stats."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Strict speculative decoding must return exactly the AR greedy tokens (DESIGN §2 invariant).
+"""Strict speculative decoding must return exactly the AR greedy tokens (docs/design.md §2 invariant).
 
 This is what proves tree masks, tree position ids and KV-cache compaction right: any error in
 them changes a logit and, over 50 seeds and many tree shapes, a token.

@@ -1,5 +1,7 @@
-"""Position-aware retrieval (`retrieval.position_pool`): Top-K by embedding, then nearest by hand
-position (benchmarks/NOTES.md 38-41: a nearest-demo lookup by position solves half the LIBERO screen)."""
+"""Position-aware retrieval (`retrieval.position_pool`): fetch a pool of hits by embedding similarity,
+keep the Top-K whose recorded end-effector position is nearest the robot's. Checks the ordering and
+its ties, the option's validation, and that `retrieval` and `heisd` on the real test database fetch
+the pool and draft from the nearest hands."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adaptive verify-skip (DESIGN §6): every veto at its edge, feedback, persistence, offline calibration."""
+"""Adaptive verify-skip (docs/design.md §6): every veto at its edge, feedback, persistence, offline calibration."""
 
 from __future__ import annotations
 

@@ -61,3 +61,47 @@ def test_openvla_directory_is_validated_before_transformers(tmp_path):
         {"model_type": "openvla", "auto_map": {"AutoModelForVision2Seq": "modeling_prismatic.OpenVLAForActionPrediction"}}))
     with pytest.raises(ModelLoadError, match="cannot load OpenVLA"):  # the remote code file is absent
         load_openvla(tmp_path)
+
+
+def _edit_config(directory, **changes) -> None:
+    path = directory / "config.json"
+    meta = json.loads(path.read_text())
+    meta["heisd_vla"].update(changes)
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("key, off, on", [("proprio_prev_gripper", False, True), ("proprio_gripper_dwell", 0, 16),
+                                          ("proprio_fourier", 0, 6)])
+def test_retired_config_keys_load_when_off_and_are_refused_when_on(tmp_path, key, off, on):
+    """Checkpoints of earlier versions carry retired keys: at their off value they load as before,
+    switched on they name the key instead of running a different model."""
+    model = tiny_vla(seed=3)
+    model.save_pretrained(tmp_path / "m")
+    _edit_config(tmp_path / "m", **{key: off})
+    back = load_vla(tmp_path / "m")
+    assert back.cfg == model.cfg
+    with torch.inference_mode():
+        assert torch.equal(back.action_head_weight(), model.action_head_weight())
+    _edit_config(tmp_path / "m", **{key: on})
+    with pytest.raises(ModelLoadError, match=f"{key} = {on!r} was retired in this version"):
+        load_vla(tmp_path / "m")
+
+
+def test_an_older_checkpoint_with_every_retired_key_off_loads(tmp_path):
+    tiny_vla(seed=1).save_pretrained(tmp_path / "m")
+    _edit_config(tmp_path / "m", proprio_prev_gripper=False, proprio_gripper_dwell=0, proprio_fourier=0)
+    assert load_vla(tmp_path / "m").cfg == tiny_vla(seed=1).cfg
+
+
+def test_the_retired_multiscale_backbone_is_named(tmp_path):
+    tiny_vla().save_pretrained(tmp_path / "m")
+    _edit_config(tmp_path / "m", vision="efficientnet_lite0_ms")
+    with pytest.raises(ModelLoadError, match="'efficientnet_lite0_ms' was retired in this version"):
+        load_vla(tmp_path / "m")
+
+
+def test_unknown_config_keys_are_still_refused(tmp_path):
+    tiny_vla().save_pretrained(tmp_path / "m")
+    _edit_config(tmp_path / "m", proprio_wobble=0)
+    with pytest.raises(ModelLoadError, match="proprio_wobble"):
+        load_vla(tmp_path / "m")

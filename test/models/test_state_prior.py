@@ -1,5 +1,6 @@
 """The proprioceptive action prior (models/state_prior.py): it learns a state rule, it travels with
-the model directory, it changes the policy, and speculative decoding stays lossless under it."""
+the model directory, the decoder that holds it changes the policy, and speculative decoding stays
+lossless under it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from heisd_ros.core.drafter import EagleDrafter
 from heisd_ros.core.engine import HybridDecoder
 from heisd_ros.core.errors import InvalidObservationError
 from heisd_ros.core.tree import sequence_tree
-from heisd_ros.models.loader import load_vla, tiny_vla
+from heisd_ros.models.loader import load_policy_model, tiny_vla
 from heisd_ros.models.state_prior import StatePriorConfig, fit_state_prior, load_state_prior, task_key
 from heisd_ros.sim.synthetic import TASKS, random_observation
 
@@ -74,18 +75,17 @@ def test_prior_travels_with_the_model_directory(prior, tmp_path):
     from safetensors.torch import load_file
 
     vla = tiny_vla(seed=0)
-    vla.attach_state_prior(prior)
     vla.save_pretrained(tmp_path / "with")
+    prior.save(tmp_path / "with")
     assert not any("prior" in k or k.startswith("nets") for k in load_file(str(tmp_path / "with" / "model.safetensors")))
-    loaded = load_vla(tmp_path / "with")
-    assert loaded.state_prior is not None
+    loaded = load_policy_model(tmp_path / "with")
+    assert loaded.state_prior is not None and not hasattr(loaded.vla, "state_prior")
     for x in (-0.2, 0.05, 0.25):
         a, b = loaded.state_prior.bias(TASKS[1], [x, 0.1, 0], GAP), prior.bias(TASKS[1], [x, 0.1, 0], GAP)
         assert torch.equal(a.argmax(-1), b.argmax(-1))  # bfloat16 on disk moves probabilities, not the argmax
         assert torch.allclose(a.exp(), b.exp(), atol=0.02)
-    vla.attach_state_prior(None)
     vla.save_pretrained(tmp_path / "without")
-    assert load_vla(tmp_path / "without").state_prior is None
+    assert load_policy_model(tmp_path / "without").state_prior is None
     assert load_state_prior(tmp_path / "without") is None
 
 
@@ -100,12 +100,11 @@ def test_a_corrupt_prior_file_is_a_load_error(prior, tmp_path):
 
 @pytest.fixture(scope="module")
 def guided(prior):
-    """A tiny VLA carrying the prior, its AR decoder, and a drafter."""
+    """A tiny VLA, its AR decoder holding the prior, and a drafter."""
     vla = tiny_vla(seed=0)
-    vla.attach_state_prior(prior)
     torch.manual_seed(0)
     drafter = EagleDrafter(vla.language_model.config).eval()
-    return vla, HybridDecoder(vla, DecoderConfig(method="ar")), drafter
+    return vla, HybridDecoder(vla, DecoderConfig(method="ar"), state_prior=prior), drafter
 
 
 def perturbed(tokens, rng: random.Random, first: int, p_keep: float) -> tuple[int, ...]:
@@ -146,12 +145,12 @@ def test_missing_finger_gap_is_rejected_by_a_model_with_a_prior(guided):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_drafter_sd_under_the_prior_is_lossless(guided, seed):
+def test_drafter_sd_under_the_prior_is_lossless(guided, prior, seed):
     vla, ar, drafter = guided
     rng = random.Random(seed)
     tree = DrafterTreeConfig(depth=rng.randint(1, 6), top_k=rng.randint(1, 4), total_tokens=12,
                              min_path_prob=rng.choice([0.0, 0.1]))
-    dec = HybridDecoder(vla, DecoderConfig(method="drafter", drafter_tree=tree), drafter=drafter)
+    dec = HybridDecoder(vla, DecoderConfig(method="drafter", drafter_tree=tree), drafter=drafter, state_prior=prior)
     obs = obs_with_gap(seed)
     ar.reset()
     _, ref = ar.step(obs)
@@ -161,9 +160,9 @@ def test_drafter_sd_under_the_prior_is_lossless(guided, seed):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_fused_tree_verification_under_the_prior_is_lossless(guided, seed):
+def test_fused_tree_verification_under_the_prior_is_lossless(guided, prior, seed):
     """A Top-K retrieval tree around the prior-guided AR tokens, verified in the prefill forward."""
-    from heisd_ros.core.engine import _StepDecode, action_logit_bias, embed_views
+    from heisd_ros.core.engine import _StepDecode, embed_views
     from heisd_ros.core.verifier import TargetSession
 
     vla, ar, _ = guided
@@ -177,7 +176,7 @@ def test_fused_tree_verification_under_the_prior_is_lossless(guided, seed):
     with torch.inference_mode():
         _, patches = embed_views(vla, [obs.images["agentview"]])
         prompt = vla.prompt_embeds(obs.instruction, vla.projector(patches[0]))[0]
-        bias = action_logit_bias(vla, obs)
+        bias = prior.bias(obs.instruction, obs.ee_pos, obs.gripper_gap)
         dec = _StepDecode(TargetSession(vla.language_model, vla.action_head_weight(), logit_bias=bias), None, prompt)
         tree = sequence_tree(drafts, max_nodes=64)
         dec.forward(tree, StrictRule(), vocab)
@@ -199,7 +198,7 @@ def test_training_rejects_malformed_data():
         fit_state_prior({"t": [(np.zeros((5, 3)), np.zeros((5, 7)))]}, StatePriorConfig(steps=1))
 
 
-def test_offline_greedy_decoding_follows_the_prior_like_the_engine(guided):
+def test_offline_greedy_decoding_follows_the_prior_like_the_engine(guided, prior):
     """train-drafter's relabelled targets and calibrate's live features come from `greedy_decode`;
     with a prior they must be the tokens the engine executes."""
     from heisd_ros.pipeline.training import Example, greedy_decode
@@ -213,5 +212,5 @@ def test_offline_greedy_decoding_follows_the_prior_like_the_engine(guided):
         examples.append(Example([obs.images["agentview"]], obs.instruction, np.zeros(7, np.int64),
                                 state=obs.ee_pos, gripper_gap=GAP))
     for batch_size, use_cache in ((1, False), (4, True)):
-        tokens, _ = greedy_decode(vla, examples, batch_size=batch_size, use_cache=use_cache)
+        tokens, _ = greedy_decode(vla, examples, batch_size=batch_size, use_cache=use_cache, state_prior=prior)
         assert [tuple(t) for t in tokens] == refs

@@ -31,7 +31,8 @@ from std_msgs.msg import Bool, Float64, String
 from heisd_ros.core.errors import ConfigError, DatabaseUnavailableError, ModelLoadError, UnknownTaskError
 from heisd_ros.core.types import StepStats
 from heisd_ros.ros import conversions as conv
-from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode, _ros_args
+from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode
+from heisd_ros.ros.standalone_args import ros_args
 
 msg_mod = pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 ArmCommand, DecodeStats = msg_mod.ArmCommand, msg_mod.DecodeStats
@@ -134,7 +135,7 @@ class Rig:
                           parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
         self.executor.add_node(node)
         self.policy = node
-        pubs = [*self.pub_img.values(), self.pub_pose, node._pub_cmd, node._pub_stats, node._pub_diag]
+        pubs = [*self.pub_img.values(), self.pub_pose, node._outputs.command, node._outputs.stats, node._pub_diag]
         if "instruction_topic" not in params:
             pubs.append(self.pub_instr)
         assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 5.0), "discovery timed out"
@@ -294,7 +295,7 @@ def test_per_dimension_action_clipping(rig, policy):
     cmd = next(c for c in rig.commands if abs(conv.stamp_to_s(c.header.stamp) - t) < 1e-6)
     assert list(cmd.delta_position) == pytest.approx([0.05, -0.5, 0.1])
     assert list(cmd.delta_rotation) == pytest.approx([0.1, 0.2, 0.3]) and cmd.gripper == 1.0
-    assert policy._win.clipped == 1
+    assert policy._status.counts()["clipped"] == 1
 
 
 def test_database_fallback_publishes_the_command_with_a_warn_diagnostic(rig, policy):
@@ -444,7 +445,7 @@ def test_flooding_builds_no_backlog(rig, decode_ms):
               f"images at {rate * 10:.0f} Hz; command age vs its input frame: median {np.median(lat):.1f} ms, "
               f"p95 {np.percentile(lat, 95):.1f} ms, max {lat.max():.1f} ms; first half median "
               f"{np.median(first):.1f}, second half {np.median(last):.1f}; dropped ticks "
-              f"{rig.policy._win.dropped_ticks}")  # fmt: skip
+              f"{rig.policy._status.counts()['dropped_ticks']}")  # fmt: skip
         # a backlog would make the age grow without bound over the run; it stays within one
         # control period + one decode (+ scheduling slack of this 2-core, one-process harness)
         assert np.percentile(lat, 95) < bound_ms and lat.max() < bound_ms + 100
@@ -453,7 +454,7 @@ def test_flooding_builds_no_backlog(rig, decode_ms):
         assert len(recv) <= seconds * rate + 2
         assert len(recv) >= 0.5 * expected
         if decode_ms > period_ms:
-            assert rig.policy._win.dropped_ticks > 0
+            assert rig.policy._status.counts()["dropped_ticks"] > 0
     finally:
         rig.stop()
 
@@ -593,8 +594,8 @@ def test_parameter_updates_are_validated(rig, policy):
 
 
 def test_standalone_args_translate_to_ros_args():
-    args = _ros_args(["policy_node", "--params-file", "a.yaml", "-p", "dry_run:=true", "--ros-args", "-r",
-                      "__ns:=/arm"])  # fmt: skip
+    args = ros_args(["policy_node", "--params-file", "a.yaml", "-p", "dry_run:=true", "--ros-args", "-r",
+                     "__ns:=/arm"])  # fmt: skip
     assert args == ["policy_node", "--ros-args", "-r", "__ns:=/arm", "--ros-args", "--params-file", "a.yaml",
                     "-p", "dry_run:=true"]  # fmt: skip
 
@@ -626,6 +627,15 @@ def test_parameter_file_is_complete_and_valid(tmp_path):
                       "`python -m heisd_ros.ros.params model_dir:=tiny > config/policy.yaml`"
     text = (REPO / "config" / "policy.yaml").read_text()
     assert text.count("\n    # ") + text.count("\n      # ") + text.count("\n        # ") >= len(names)
+
+
+def test_parameter_file_comments_match_the_field_docs():
+    """config/policy.yaml is exactly what the generator writes: its comments are the dataclass field docs."""
+    from heisd_ros.ros.param_file import policy_yaml
+
+    assert (REPO / "config" / "policy.yaml").read_text() == policy_yaml({"model_dir": "tiny"}), (
+        "config/policy.yaml is out of date; regenerate it with "
+        "`python -m heisd_ros.ros.params model_dir:=tiny > config/policy.yaml`")
 
 
 def _fake_launch_modules():

@@ -14,7 +14,9 @@ from rclpy.parameter import Parameter
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.types import StepStats
+from heisd_ros.pipeline.bags import read_messages
 from heisd_ros.ros.node import PolicyNode
+from heisd_ros.ros.playback import read_bag
 from heisd_ros.tools import replay as rp
 from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
 
@@ -64,17 +66,14 @@ def _cfg(tmp_path, **kw):
 
 
 def _read(out: Path) -> dict[str, list]:
-    from rosbags.highlevel import AnyReader
-
     got: dict[str, list] = {}
-    with AnyReader([out], default_typestore=rp.typestore()) as reader:
-        for conn, _, raw in reader.messages():
-            got.setdefault(conn.topic, []).append((conn.msgtype, reader.deserialize(raw, conn.msgtype)))
+    for r in read_messages(out):
+        got.setdefault(r.topic, []).append((r.msgtype, r.msg))
     return got
 
 
 def test_make_bag_contents(bag):
-    messages, steps = rp.read_bag(bag, {}, 0.05)
+    messages, steps = read_bag(bag, {}, 0.05)
     assert steps == 12
     topics = {m.topic for m in messages}
     assert topics == {"/agentview/image_raw", "/wrist/image_raw", "/ee_pose", "/instruction", "/episode_result"}
@@ -85,8 +84,8 @@ def test_make_bag_is_deterministic_and_validates(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     make_bag(a, MakeBagConfig(steps=3, storage="sqlite3"))
     make_bag(b, MakeBagConfig(steps=3, storage="sqlite3"))
-    ma, _ = rp.read_bag(a, {}, 0.05)
-    mb, _ = rp.read_bag(b, {}, 0.05)
+    ma, _ = read_bag(a, {}, 0.05)
+    mb, _ = read_bag(b, {}, 0.05)
     assert [m.raw for m in ma] == [m.raw for m in mb]
     with pytest.raises(ConfigError):
         MakeBagConfig(storage="bag")
@@ -198,7 +197,7 @@ def _read_damaged(src: Path, damage) -> None:
         shutil.copytree(src, bag)
         damage(bag)
         try:
-            messages, steps = rp.read_bag(bag, {}, 0.05)
+            messages, steps = read_bag(bag, {}, 0.05)
         except ConfigError as err:
             assert str(bag) in str(err)
             return

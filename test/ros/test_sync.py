@@ -251,11 +251,12 @@ def test_any_clock_history_never_yields_stale_or_future_data_and_recovers(segmen
         assert got is not None and got.stamp_s == pytest.approx(last)
 
 
-def test_sync_and_params_import_without_rclpy():
+def test_ros_free_modules_import_without_rclpy():
     import subprocess
     import sys
 
-    code = ("import sys, heisd_ros.ros.sync, heisd_ros.ros.params; "
+    modules = ("sync", "params", "param_file", "status", "watchdog", "standalone_args", "log_bridge", "conversions")
+    code = (f"import sys; import {', '.join(f'heisd_ros.ros.{m}' for m in modules)}; "
             "assert 'rclpy' not in sys.modules, 'rclpy imported'; "
             "heisd_ros.ros.params.build_config({'model_dir': 'tiny'})")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)

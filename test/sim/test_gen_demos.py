@@ -1,4 +1,4 @@
-"""`heisd gen-demos` argument handling that needs no simulator: ranges, reserved init states, seeds."""
+"""`heisd gen-demos` argument handling that needs no simulator: reserved init states, seeds, summary."""
 
 from __future__ import annotations
 
@@ -10,14 +10,6 @@ import pytest
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.tools import gen_demos
 from heisd_ros.tools.gen_demos import GenDemosConfig, Summary, episode_seed
-from heisd_ros.tools.args import parse_range
-
-
-def test_parse_range() -> None:
-    assert parse_range("0-3") == (0, 1, 2, 3)
-    assert parse_range("0,3,5-6,3") == (0, 3, 5, 6)
-    with pytest.raises(ConfigError):
-        parse_range("a-b")
 
 
 @pytest.mark.parametrize("states", ["0-40", "45", "39,49"])

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from heisd_ros.pipeline.bags import BagTopics, read_topics
 from heisd_ros.sim.expert import down_rotation
 from heisd_ros.sim.recorder import (
-    HDF5_VIEWS, BagTopics, Episode, EpisodeBuffer, Hdf5DemoWriter, axis_angle, export_mcap, read_hdf5_demos, read_mcap,
+    HDF5_VIEWS, Episode, EpisodeBuffer, Hdf5DemoWriter, axis_angle, export_mcap, read_hdf5_demos,
 )
 from heisd_ros.sim.libero_env import ObjectPose, SimObservation
 
@@ -84,7 +85,7 @@ def test_mcap_export_reads_back(tmp_path: Path) -> None:
     assert n == 1 + 5 * 5 + 1
     assert list(bag.glob("*.mcap")) and (bag / "metadata.yaml").is_file()
     topics = BagTopics()
-    msgs = read_mcap(bag)
+    msgs = read_topics(bag)
     assert set(msgs) == {t for _, t in topics.images} | {topics.ee_pose, topics.joint_states, topics.instruction,
                                                          topics.episode_result, topics.command}
     (_, instr), = msgs[topics.instruction]

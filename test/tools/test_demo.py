@@ -114,12 +114,9 @@ def test_real_policy_missing_database_fails_start_up_with_reason(small_tiny, tmp
 
 
 def _read(out: Path) -> dict[str, list]:
-    from rosbags.highlevel import AnyReader
-
-    from heisd_ros.tools import replay as rp
+    from heisd_ros.pipeline.bags import read_messages
 
     got: dict[str, list] = {}
-    with AnyReader([out], default_typestore=rp.typestore()) as reader:
-        for conn, _, raw in reader.messages():
-            got.setdefault(conn.topic, []).append((conn.msgtype, reader.deserialize(raw, conn.msgtype)))
+    for r in read_messages(out):
+        got.setdefault(r.topic, []).append((r.msgtype, r.msg))
     return got

@@ -158,7 +158,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_committed_mini_policy_matches_its_manifest_and_decodes() -> None:
     """models/mini_libero (what `make demo` runs on a fresh clone): every file has the digest its
-    manifest records, and the policy decodes a step of real-shaped input without a database."""
+    manifest records, its config (saved with keys this version retired, all off) loads with the
+    state prior, and the policy decodes a step of real-shaped input without a database."""
     import hashlib
     import json
 
@@ -169,7 +170,8 @@ def test_committed_mini_policy_matches_its_manifest_and_decodes() -> None:
     from heisd_ros.core.drafter import load_drafter
     from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.core.types import Observation
-    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.loader import RETIRED_KEYS, load_policy_model
+    from heisd_ros.policy import PolicyPaths, load_policy
     from heisd_ros.tools.publish_mini import PUBLISHED_DIR, published_paths, published_present
 
     root = REPO / PUBLISHED_DIR
@@ -180,14 +182,20 @@ def test_committed_mini_policy_matches_its_manifest_and_decodes() -> None:
         assert hashlib.sha256((root / rel).read_bytes()).hexdigest() == digest, rel
     torch.set_num_threads(1)
     paths = published_paths(root)
-    vla = load_vla(paths["model_dir"])
+    assert set(RETIRED_KEYS) <= set(json.loads((paths["model_dir"] / "config.json").read_text())["heisd_vla"])
+    vla, prior = load_policy_model(paths["model_dir"])
+    assert prior is not None and not vla.reads_gripper_gap
     drafter = load_drafter(paths["drafter_dir"], vla.language_model.config)
     rng = np.random.default_rng(0)
     obs = Observation({v: rng.integers(0, 255, (128, 128, 3), dtype=np.uint8) for v in ("agentview", "wrist")},
                       "pick up the alphabet soup and place it in the basket", np.array([-0.1, 0.0, 0.25]),
                       gripper_gap=0.04)  # the shipped policy's state prior reads the finger gap
-    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
-    dec = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter)
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"), state_prior=prior)
+    dec = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter, state_prior=prior)
     action, st = ar.step(obs)
     assert st.llm_forwards == 7 and action.shape == (7,) and np.all(np.isfinite(action))
     assert dec.step(obs)[1].tokens == st.tokens  # strict drafter SD is lossless on the real weights
+    # the node's loader hands the prior to the decoder: the same tokens as above
+    policy = load_policy(PolicyPaths(str(paths["model_dir"]), str(paths["drafter_dir"])), DecoderConfig(method="drafter"))
+    assert policy.state_prior is not None and policy.reads_finger_gap
+    assert policy.step(obs)[1].tokens == st.tokens

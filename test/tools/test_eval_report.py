@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.tools.eval_libero import EvalLiberoConfig, TimedStore, main
+from heisd_ros.tools.eval_libero import EvalLiberoConfig, main
+from heisd_ros.tools.eval_policies import TimedStore
 from heisd_ros.tools.eval_plots import write_plots
 from heisd_ros.tools.eval_report import (
     ResultLog,

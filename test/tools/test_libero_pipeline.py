@@ -1,4 +1,4 @@
-"""Smoke test of the mini-VLA pipeline on a tiny LIBERO-layout slice (issue 4 items 2-5).
+"""Smoke test of the mini-VLA pipeline on a tiny LIBERO-layout slice.
 
 A two-episode HDF5 file written with the recorder's own writer (plus the same episodes as
 rosbag2 MCAP) goes through `heisd train-vla`, `train-drafter`, `build-db` (HDF5 and bags) and
@@ -92,35 +92,10 @@ def test_train_vla_writes_a_loadable_mini_vla(artifacts) -> None:
         torch.testing.assert_close(vla.vision_backbone.state_dict()[name], t)
 
 
-def test_train_vla_fine_tunes_the_backbone_tail(demos, tmp_path) -> None:
-    """--backbone-blocks: the tail's weights move and are saved; the stem and early blocks keep
-    the ImageNet weights; no feature cache is written; shift augmentation runs on the frames."""
-    from heisd_ros.core.errors import ConfigError
-    from heisd_ros.models.efficientnet import EfficientNetBackbone
-    from heisd_ros.models.loader import load_vla
-    from heisd_ros.tools import train_vla
-
-    out, cache = tmp_path / "ft", tmp_path / "features"
-    assert train_vla.main(["--demos", str(demos), "--out", str(out), "--steps", "2", "--batch-size", "4",
-                           "--val-fraction", "0.5", "--eval-every", "2", "--cache-dir", str(cache),
-                           "--backbone-blocks", "2", "--shift-px", "4", "--backbone-lr-scale", "1.0", *TINY]) == 0
-    log = json.loads((out / "train_log.json").read_text())
-    assert log["feature_cache"] is None and not cache.exists()
-    assert log["config"]["backbone_blocks"] == 2 and log["config"]["shift_px"] == 4
-    fresh = EfficientNetBackbone().net.state_dict()
-    saved = load_vla(out).vision_backbone.net.state_dict()
-    moved = {k for k in fresh if not torch.equal(fresh[k], saved[k])}
-    assert any(k.startswith("_blocks.15.") for k in moved) and any(k.startswith("_conv_head") for k in moved)
-    assert not any(k.startswith(("_conv_stem", "_bn0", "_blocks.0.", "_blocks.13.")) for k in moved)
-    assert not any("running_" in k for k in moved)  # BatchNorm statistics stay ImageNet's
-    with pytest.raises(ConfigError, match="needs --backbone-blocks"):
-        train_vla.TrainVLAConfig(shift_px=4)
-
-
-def test_train_vla_init_from_fine_tunes_on_demos_plus_a_dagger_file(artifacts, demos, tmp_path) -> None:
+def test_train_vla_init_from_fine_tunes_on_demos_plus_a_second_file(artifacts, demos, tmp_path) -> None:
     """--init-from: the start model's architecture and norm stats are kept (the tiny size options
     are ignored), its weights are the starting point and move; a second file of the same task with
-    an episode offset (as `heisd dagger` writes) trains beside the demos without colliding."""
+    an episode offset trains beside the demos without colliding."""
     import shutil
 
     from heisd_ros.pipeline.episodes import scan_hdf5
@@ -133,7 +108,7 @@ def test_train_vla_init_from_fine_tunes_on_demos_plus_a_dagger_file(artifacts, d
         shutil.copy(f, mix / f.name)
     attrs = {"instruction": INSTRUCTION, "suite": "libero_object", "task_index": 0, "episode_offset": 500,
              "task_name": "pick_up_the_alphabet_soup_and_place_it_in_the_basket", "problem_info": {}}
-    with Hdf5DemoWriter(mix / "pick_up_the_alphabet_soup_and_place_it_in_the_basket_dagger.hdf5", attrs) as w:
+    with Hdf5DemoWriter(mix / "pick_up_the_alphabet_soup_and_place_it_in_the_basket_more.hdf5", attrs) as w:
         for seed in (7, 8):
             w.write(make_episode(seed))
     assert sorted(r.episode for r in scan_hdf5(mix)) == [0, 1, 500, 501]
@@ -392,15 +367,17 @@ def test_bag_episodes_carry_the_finger_joints(tmp_path) -> None:
 
 def test_train_prior_writes_a_model_copy_that_decodes_with_the_prior(artifacts, demos, tmp_path) -> None:
     """`heisd train-prior` smoke: the copy loads with its prior, the source stays prior-free, the
-    log records the fit, and the greedy cache is not shared with the prior-free model."""
+    log records the fit, the greedy cache is not shared with the prior-free model, and the policy
+    loader hands the prior to the decoder; `--init-from` carries it over."""
     from heisd_ros.core.config import DecoderConfig
     from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.core.errors import ConfigError
     from heisd_ros.core.types import Observation
     from heisd_ros.pipeline.features import model_digest
     from heisd_ros.pipeline.episodes import load_episode, scan_hdf5
-    from heisd_ros.models.loader import load_vla
-    from heisd_ros.tools import train_prior
+    from heisd_ros.models.loader import load_policy_model
+    from heisd_ros.policy import PolicyPaths, load_policy
+    from heisd_ros.tools import train_prior, train_vla
 
     out = tmp_path / "with_prior"
     assert train_prior.main(["--model", str(artifacts["model"]), "--demos", str(demos), "--out", str(out),
@@ -408,14 +385,22 @@ def test_train_prior_writes_a_model_copy_that_decodes_with_the_prior(artifacts, 
     log = json.loads((out / "state_prior_log.json").read_text())
     assert log["episodes"] == 2 and list(log["fit"]) == [INSTRUCTION]
     assert log["fit"][INSTRUCTION]["samples"] == 2 * T and log["git_revision"]
-    vla = load_vla(out)
-    assert vla.state_prior is not None and load_vla(artifacts["model"]).state_prior is None
+    vla, prior = load_policy_model(out)
+    assert prior is not None and load_policy_model(artifacts["model"]).state_prior is None
     assert model_digest(out) != model_digest(artifacts["model"])
     ep = load_episode(scan_hdf5(demos)[0])
-    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"), state_prior=prior)
     obs = Observation({v: ep.images[v][0] for v in ("agentview", "wrist")}, ep.instruction, ep.ee_pos[0],
                       gripper_gap=ep.finger_gap(0))
     _, st = ar.step(obs)
     assert len(st.tokens) == 7
+    policy = load_policy(PolicyPaths(str(out)), DecoderConfig(method="ar"))
+    assert policy.state_prior is not None and policy.reads_finger_gap
+    assert policy.step(obs)[1].tokens == st.tokens
+    tuned = tmp_path / "tuned"
+    assert train_vla.main(["--demos", str(demos), "--out", str(tuned), "--init-from", str(out), "--steps", "1",
+                           "--batch-size", "2", "--val-fraction", "0.5", "--cache-dir", str(artifacts["cache"]),
+                           *TINY]) == 0
+    assert (tuned / "state_prior.json").read_text() == (out / "state_prior.json").read_text()
     with pytest.raises(ConfigError, match="differ"):
         train_prior.main(["--model", str(out), "--demos", str(demos), "--out", str(out), "--no-progress"])

@@ -1,0 +1,156 @@
+"""One control step of the policy node, run on the inference thread (the only code that touches
+the decoder): synchronised set -> Observation -> decoder -> safety checks -> outputs.
+
+A step that cannot produce a safe command publishes nothing and reports why (see `NodeStatus`):
+undecodable or implausible input, an unknown task, a database or decoder fault, an overrunning
+inference (watchdog), a result that went stale while decoding, or an action beyond
+`action_limits`. A valid action is clipped to `max_abs_action` before it is published.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from heisd_ros.core.errors import DatabaseError, HeisdError, InvalidObservationError, UnknownTaskError
+from heisd_ros.core.types import Observation, StepStats
+from heisd_ros.ros import conversions as conv
+from heisd_ros.ros.outputs import CommandOutputs
+from heisd_ros.ros.params import NodeConfig, PolicyNodeConfig
+from heisd_ros.ros.status import ERROR, WARN, NodeStatus
+from heisd_ros.ros.sync import SyncedSet
+from heisd_ros.ros.watchdog import Watchdog
+
+
+@dataclass
+class Job:
+    """A control tick's work: the newest synchronised set and the instruction it is decoded with."""
+
+    synced: SyncedSet
+    instruction: str
+    tick_s: float
+
+
+def output_problem(action: np.ndarray, age_s: float, n: NodeConfig) -> tuple[str, int, str] | None:
+    """(kind, level, message) when a decoded action must not be published; None when it may.
+
+    `age_s` is how old the step's images are at publication (node clock minus image stamp).
+    """
+    if age_s > n.image_staleness_s:
+        return "slow", WARN, (f"result stale: inputs {age_s:.3f} s old at publication "
+                              f"> image_staleness_s {n.image_staleness_s:.3f} (decoding too slow?)")  # fmt: skip
+    if age_s < -n.image_staleness_s:
+        return "clock", WARN, (f"clock jumped back during decoding: inputs stamped {-age_s:.3f} s "
+                               "in the future at publication")  # fmt: skip
+    beyond = np.flatnonzero(np.abs(action) > np.asarray(n.action_limits))
+    if beyond.size:
+        return "out_of_range", ERROR, (f"action out of range: dimension(s) {beyond.tolist()} = "
+                                       f"{action[beyond].round(4).tolist()} beyond action_limits "
+                                       f"{[n.action_limits[i] for i in beyond]}")  # fmt: skip
+    return None
+
+
+class StepRunner:
+    """Drives the decoder: episodes (reset on a new instruction or after an episode result), steps
+    and the periodic health check. Called only from the inference thread.
+
+    config: the node's current configuration (it may change between steps); clock_s: node time, s;
+    finger_gap: stamp -> (gap, '') or (None, why not), None when the model does not read the gap.
+    """
+
+    def __init__(self, decoder: Any, *, config: Callable[[], PolicyNodeConfig], clock_s: Callable[[], float],
+                 finger_gap: Callable[[float], tuple[float | None, str]] | None, watchdog: Watchdog,
+                 outputs: CommandOutputs, status: NodeStatus, logger: Any) -> None:  # fmt: skip
+        self._decoder = decoder
+        self._config, self._clock_s, self._finger_gap = config, clock_s, finger_gap
+        self._watchdog, self._outputs, self._status, self._logger = watchdog, outputs, status, logger
+        self._episode_instruction: str | None = None  # what the decoder was last reset with
+        self._needs_reset = True
+        self._step_id = 0
+        self.health = (True, "not checked yet")
+        """(database healthy, status text) of the last health check."""
+        self._health_t = -1e9
+
+    def episode_result(self, success: bool) -> None:
+        """Hand an episode's outcome to the decoder; the next step starts a new episode."""
+        self._decoder.episode_feedback(success)
+        self._needs_reset = True
+        self._logger.info(f"episode result: {'success' if success else 'failure'}")
+
+    def refresh_health(self, period_s: float) -> None:
+        """Ask the decoder for its health when the last check is `period_s` old (or was invalidated)."""
+        if time.monotonic() - self._health_t < period_s:
+            return
+        self._health_t = time.monotonic()
+        try:
+            ok, text = self._decoder.health()
+        except HeisdError as err:
+            ok, text = False, f"{type(err).__name__}: {err}"
+        self.health = (bool(ok), str(text))
+
+    def run(self, job: Job) -> None:
+        """Decode one job and publish its command, or report why there is none."""
+        n = self._config().node
+        if self._needs_reset or job.instruction != self._episode_instruction:
+            self._decoder.reset(job.instruction)
+            self._episode_instruction, self._needs_reset, self._step_id = job.instruction, False, 0
+        started = time.monotonic()
+        decoded = self._decode(job, n)
+        if decoded is None or not self._watchdog_allows(time.monotonic() - started, n):
+            return
+        action, stats = decoded
+        problem = output_problem(action, self._clock_s() - job.synced.image_stamp_s, n)
+        if problem is not None:
+            return self._status.problem(*problem)
+        if stats.fallback:
+            self._status.fallback(stats.fallback)
+        self._publish(job, action, stats, n)
+
+    def job_done(self) -> None:
+        """A job ended, with or without a command (or was dropped): a later hang is reported again."""
+        self._watchdog.finished()
+
+    def _decode(self, job: Job, n: NodeConfig) -> tuple[np.ndarray, StepStats] | None:
+        """(checked action, stats), or None after reporting why the step has no action."""
+        gap = None
+        if self._finger_gap is not None:
+            gap, why = self._finger_gap(job.synced.stamp_s)
+            if gap is None:
+                return self._status.problem("invalid_input", WARN, f"invalid input: {why}")
+        try:
+            images = {v: conv.msg_to_rgb(f.data, n.expected_hw) for v, f in job.synced.frames.items()}
+            ee_pos = conv.pose_to_position(job.synced.pose.data, n.quat_norm_tol)
+            obs = Observation(images=images, instruction=job.instruction, ee_pos=ee_pos,
+                              task=n.task or None, stamp_s=job.synced.stamp_s, gripper_gap=gap)  # fmt: skip
+            action, stats = self._decoder.step(obs)
+            return conv.check_action(action), stats
+        except InvalidObservationError as err:
+            return self._status.problem("invalid_input", WARN, f"invalid input: {err}")
+        except UnknownTaskError as err:
+            return self._status.problem("unknown_task", ERROR, f"unknown task: {err}")
+        except DatabaseError as err:
+            self._health_t = -1e9  # re-check the database at once
+            return self._status.problem("database", ERROR, f"database: {type(err).__name__}: {err}")
+        except HeisdError as err:
+            return self._status.problem("decoder", ERROR, f"{type(err).__name__}: {err}")
+
+    def _watchdog_allows(self, inference_s: float, n: NodeConfig) -> bool:
+        was_tripped = self._watchdog.tripped
+        ok, why = self._watchdog.step(inference_s, n.watchdog_budget_s, n.watchdog_recovery_steps)
+        if not ok:
+            self._status.problem("watchdog", ERROR, why)
+        elif was_tripped:
+            self._logger.warning(f"watchdog cleared: {n.watchdog_recovery_steps} steps within budget, "
+                                 "commanding again")  # fmt: skip
+        return ok
+
+    def _publish(self, job: Job, action: np.ndarray, stats: StepStats, n: NodeConfig) -> None:
+        clipped = conv.clip_action(action, n.max_abs_action)
+        self._step_id += 1
+        self._outputs.publish(clipped, stats, job.synced.stamp_s, self._step_id, n)
+        latency_s = self._clock_s() - job.synced.image_stamp_s
+        self._status.published(latency_s, float(stats.latency_ms.get("total", 0.0)), stats.mode,
+                               clipped=not np.array_equal(clipped, action))  # fmt: skip

@@ -1,0 +1,100 @@
+"""The closed loop of `heisd eval-libero`: every method's episode on one (task, init state), the
+methods taking turns at every control step, and the log record of each step and episode."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from heisd_ros.core.gripper import finger_gap
+from heisd_ros.tools.eval_policies import Policies, TimedStore
+
+
+def step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) -> dict[str, Any]:
+    """One control step of the log: the decoder's StepStats, its CPU time and the simulator's time."""
+    rec = {
+        "t": t, "mode": st.mode, "skipped": st.skipped, "forwards": st.llm_forwards, "tpf": list(st.tokens_per_forward),
+        "ms": {k: round(v, 3) for k, v in st.latency_ms.items()}, "fwd_ms": [round(x, 3) for x in st.forward_ms],
+        "cpu_ms": round(cpu_ms, 3),
+        "sim_ms": round(sim_ms, 1), "F": round(st.fused_metric, 4), "score": round(st.retrieval_score, 4),
+        "ee": [round(float(x), 4) for x in ee_pos], "tokens": [int(x) for x in st.tokens],
+    }
+    if st.fallback:
+        rec["fallback"] = st.fallback
+    if st.gripper_held:
+        rec["gripper_held"] = True
+    if st.skip_check:
+        rec["skip_check"] = st.skip_check
+        rec["skip_sim"] = round(st.skip_similarity, 5)
+    return rec
+
+
+class MethodEpisode:
+    """One method's episode on its own env instance."""
+
+    def __init__(self, method: str, env, decoder, store: TimedStore | None, init_state: int) -> None:
+        self.method, self.env, self.decoder, self.store = method, env, decoder, store
+        self.steps: list[dict[str, Any]] = []
+        self.success = False
+        self.done = False
+        self.skip_start = (decoder.skip.min_similarity, decoder.skip.max_distance_m)
+        self.obs = env.reset(init_state)
+        decoder.reset(env.instruction)
+        if store is not None:
+            store.search_ms = []
+        self.t0 = time.perf_counter()
+
+    def act(self, t: int) -> None:
+        from heisd_ros.core.types import Observation
+
+        obs = self.obs
+        c0 = time.process_time()
+        action, st = self.decoder.step(Observation(obs.images, self.env.instruction, obs.ee_pos,
+                                                   gripper_gap=finger_gap(obs.gripper_qpos)))
+        cpu_ms = (time.process_time() - c0) * 1e3
+        s0 = time.perf_counter()
+        self.obs, self.success = self.env.step(action)
+        self.steps.append(step_record(t, st, cpu_ms, (time.perf_counter() - s0) * 1e3, obs.ee_pos))
+        self.done = self.success
+
+    def record(self, task: int, init_state: int) -> dict[str, Any]:
+        rec = {
+            "kind": "episode", "task": task, "init_state": init_state, "method": self.method,
+            "instruction": self.env.instruction, "task_name": str(self.env.task.name), "success": self.success,
+            "length": len(self.steps), "wall_s": round(time.perf_counter() - self.t0, 2),
+            "verify_skip_start": {"min_similarity": self.skip_start[0], "max_distance_m": self.skip_start[1]},
+            "steps": self.steps,
+        }
+        if self.store is not None:
+            rec["search_ms"] = [round(x, 4) for x in self.store.search_ms]
+            rec["search_k"] = self.store.last_k
+            self.store.search_ms = []
+        return rec
+
+
+def run_pair(max_steps: int, task: int, init_state: int, methods: list[str], envs: list, pol: Policies,
+             log, bar) -> None:
+    """All `methods` on one (task, init state), taking turns per control step; logs each episode as it ends."""
+    eps = [MethodEpisode(m, env, pol.decoders[m], pol.timed[m], init_state) for m, env in zip(methods, envs)]
+
+    def finish(e: MethodEpisode) -> None:
+        e.decoder.episode_feedback(e.success)
+        log.append(e.record(task, init_state))
+        bar.update(1)
+
+    for t in range(max_steps):
+        active = [e for e in eps if not e.done]
+        if not active:
+            break
+        for e in active:
+            e.act(t)
+            if e.done:
+                finish(e)
+        if t % 10 == 0:
+            bar.set_postfix_str(f"task {task} init {init_state} step {t}/{max_steps} "
+                                f"ok {sum(e.success for e in eps)}/{len(eps)}")
+    for e in eps:
+        if not e.done:
+            finish(e)

@@ -1,0 +1,142 @@
+"""The policies `heisd eval-libero` compares: one HybridDecoder per method over one loaded VLA,
+drafter and database, plus what the report records about them (artifact digests, search times)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from heisd_ros.tools.eval_libero import EvalLiberoConfig
+
+
+class TimedStore:
+    """The shared database seen through one decoder: times every `search` (ms) for the report."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.search_ms: list[float] = []
+        self.last_k = 0
+
+    def search(self, query, task: str, top_k: int):
+        t0 = time.perf_counter()
+        try:
+            return self._store.search(query, task, top_k)
+        finally:
+            self.search_ms.append((time.perf_counter() - t0) * 1e3)
+            self.last_k = top_k
+
+    def close(self) -> None:  # the shared store is closed once, by the evaluator
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def file_digest(name: str) -> str:
+    """Content digest of a model/drafter directory (its .json/.safetensors/.pt files) or a file."""
+    if not name:
+        return "none"
+    path = Path(name)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors", ".pt"))
+    else:
+        files = [path] if path.is_file() else []
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16] if files else "missing"
+
+
+def db_digest(db_path: str) -> str:
+    """Digest of a database directory's build manifest (written once by `heisd build-db`)."""
+    if not db_path:
+        return "none"
+    from heisd_ros.store.manifest import manifest_path
+
+    manifest = manifest_path(db_path)
+    return file_digest(str(manifest)) if manifest.is_file() else "no manifest"
+
+
+def count_or_none(store) -> int | None:
+    """Points in the run's database for the report (None without one, or when it cannot say)."""
+    if store is None:
+        return None
+    try:
+        return int(store.count())
+    except Exception:  # noqa: BLE001 - a report figure must not mask the run's own outcome
+        return None
+
+
+class Policies:
+    """One HybridDecoder per method over one loaded VLA, drafter and database."""
+
+    def __init__(self, cfg: EvalLiberoConfig) -> None:
+        from heisd_ros.core.drafter import load_drafter
+        from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
+        from heisd_ros.models.loader import DTYPES, load_policy_model
+        from heisd_ros.policy import PolicyPaths, open_store, resolve_paths, resolve_query_views
+
+        tiny = cfg.model_dir == "tiny"  # the tiny policy brings its own drafter, database and calibration
+        raw = PolicyPaths(cfg.model_dir, "" if tiny else cfg.drafter_dir, "" if tiny else cfg.db_path,
+                          "" if tiny else cfg.calibration_path, tiny_cache_dir=cfg.tiny_dir)
+        self.paths = resolve_paths(raw)
+        self.vla, prior = load_policy_model(self.paths.model_dir, dtype=cfg.dtype)
+        needs_store = any(m in NEEDS_STORE for m in cfg.methods)
+        base = _base_config(cfg, self.paths.calibration_path)
+        if needs_store:
+            base = resolve_query_views(base, self.paths.db_path)
+        self.base_cfg = base
+        drafter = None
+        if any(m in NEEDS_DRAFTER for m in cfg.methods):
+            lm_cfg = self.vla.language_model.config
+            drafter = load_drafter(self.paths.drafter_dir, lm_cfg, DTYPES[cfg.dtype])
+        self.store = open_store(base, self.paths, None) if needs_store else None
+        self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.methods}
+        self.decoders = {m: HybridDecoder(self.vla, base.with_method(m), store=self.timed[m], drafter=drafter,
+                                          state_prior=prior) for m in cfg.methods}
+
+    def fingerprint(self) -> dict[str, Any]:
+        from heisd_ros.core.config import to_dict
+
+        return {
+            "model_dir": self.paths.model_dir, "model_digest": file_digest(self.paths.model_dir),
+            "drafter_dir": self.paths.drafter_dir, "drafter_digest": file_digest(self.paths.drafter_dir),
+            # The database's build manifest, not a count from the open store: an `ar`-only shard
+            # never opens the database, and must share the run key with a `heisd` shard.
+            "db_path": self.paths.db_path, "db_digest": db_digest(self.paths.db_path),
+            "calibration_path": self.paths.calibration_path,
+            "calibration_digest": file_digest(self.paths.calibration_path),
+            "decoder_config": to_dict(self.base_cfg),
+        }
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def _base_config(cfg: EvalLiberoConfig, calibration_path: str):
+    """The DecoderConfig every method shares (`with_method` sets the method), calibrated."""
+    from heisd_ros.core.config import DecoderConfig, RetrievalConfig
+    from heisd_ros.pipeline.calibration import apply_calibration
+
+    return apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
+                                           gripper_hold_steps=cfg.gripper_hold_steps,
+                                           retrieval=RetrievalConfig(position_pool=cfg.position_pool)),
+                             calibration_path)
+
+
+def retrieval_probe(store, tasks: list[str], per_task: int = 40, top_k: int = 5) -> list[float]:
+    """Wall ms of Top-k task-filtered searches on `store`, querying with stored demonstration obs
+    vectors of each task (the same embedding as live queries; the exact hit itself is allowed)."""
+    out = []
+    for task in tasks:
+        for point in itertools.islice(store.scroll(task), per_task):
+            t0 = time.perf_counter()
+            store.search(point.obs, task, top_k)
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
