@@ -84,15 +84,40 @@ def sequence_tree(drafts: list[tuple[int, ...]], start: int = 0, max_nodes: int 
     may combine) -> under each rotation group, the gripper token(s) of the hit(s) that rotation
     group came from (never recombined). Groups are inserted as token chains in a trie, so equal
     groups and equal prefixes are merged. Groups before `start` are dropped; a group cut by
-    `start` keeps its tail. Branches are added position group by position group (the best hit's
-    first), each with every rotation group under it, and adding stops at the first branch that
-    would exceed `max_nodes`: a capped tree is made of complete candidates, but it can lack a
-    lower-ranked hit's own path (known; docs/design.md §7).
+    `start` keeps its tail.
+
+    Under the `max_nodes` cap the tree is filled in priority order, one complete candidate at a
+    time: first each hit's own candidate (best hit first), then the recombinations (position
+    groups in hit order, each with the other hits' rotation groups). A hit's own candidate is
+    the one its demonstration actually executed, so it is never displaced by a recombination:
+    if any hit's own candidate does not fit, no recombination is added at all. A capped tree is
+    made of complete candidates only.
     """
     if not drafts:
         return DraftTree()
     if any(len(d) != ACTION_DIM for d in drafts):
         raise ValueError("every draft must hold 7 action tokens")
+    own = [_candidate(d, start) for d in drafts]
+    tree = DraftTree()
+    every_hit_fits = True
+    for branch in dict.fromkeys(own):
+        every_hit_fits &= _add_if_fits(tree, list(branch), max_nodes)
+    if not every_hit_fits:
+        return tree
+    for branch in _recombinations(drafts, start):
+        _add_if_fits(tree, list(branch), max_nodes)
+    return tree
+
+
+def _candidate(draft: tuple[int, ...], start: int) -> tuple[int, ...]:
+    """The tokens [start, 7) of one hit."""
+    return tuple(int(t) for t in draft[start:])
+
+
+def _recombinations(drafts: list[tuple[int, ...]], start: int) -> list[tuple[int, ...]]:
+    """Every candidate of the full tree, position groups in hit order, rotation groups (with the
+    gripper(s) drawn with them) in hit order below each. Own candidates are included; adding
+    them again is a no-op."""
     (p0, p1), (r0, r1), (g0, _) = GROUPS
     pos = list(dict.fromkeys(tuple(d[max(p0, start) : p1]) for d in drafts)) if start < p1 else [()]
     rot_to_grip: dict[tuple[int, ...], list[int]] = {}
@@ -100,17 +125,17 @@ def sequence_tree(drafts: list[tuple[int, ...]], start: int = 0, max_nodes: int 
         grips = rot_to_grip.setdefault(tuple(d[max(r0, start) : r1]) if start < r1 else (), [])
         if d[g0] not in grips:
             grips.append(d[g0])
-    tree = DraftTree()
-    for p in pos:
-        for rot, grips in rot_to_grip.items():
-            for g in grips:
-                branch = list(p) + list(rot) + [g]
-                if _new_nodes(tree, branch) + len(tree) > max_nodes:
-                    return tree
-                node = -1
-                for tok in branch:
-                    node = tree.child(node, tok)
-    return tree
+    return [tuple(int(t) for t in (*p, *rot, g)) for p in pos for rot, grips in rot_to_grip.items() for g in grips]
+
+
+def _add_if_fits(tree: DraftTree, branch: list[int], max_nodes: int) -> bool:
+    """Add a complete candidate when its new nodes fit under the cap; whether it is in the tree."""
+    if _new_nodes(tree, branch) + len(tree) > max_nodes:
+        return False
+    node = -1
+    for tok in branch:
+        node = tree.child(node, tok)
+    return True
 
 
 def _new_nodes(tree: DraftTree, branch: list[int]) -> int:

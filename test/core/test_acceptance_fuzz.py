@@ -104,3 +104,38 @@ def test_sequence_tree_of_random_hits_is_well_formed(drafts, start, max_nodes):
         assert any(d[g] == cand[-1] and tuple(d[max(r0, start) : r1]) == rot for d in tokens)
     mask = tree.ancestor_mask()
     assert mask.shape == (len(tree), len(tree)) and all(mask[i, i] for i in range(len(tree)))
+
+
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    return {tuple(tree.tokens[n] for n in tree.path_to(i)) for i in range(len(tree)) if not tree.children(i)}
+
+
+def _trie_size(cands: list[tuple[int, ...]]) -> int:
+    return len({c[:k] for c in cands for k in range(1, len(c) + 1)})
+
+
+# a small token alphabet so that hits share groups and prefixes, as neighbouring demo steps do
+SMALL = st.integers(1, 4)
+
+
+@settings(max_examples=400, deadline=None)
+@given(drafts=st.lists(st.lists(SMALL, min_size=7, max_size=7), min_size=1, max_size=8),
+       start=st.integers(0, ACTION_DIM - 1), max_nodes=st.integers(1, 64))  # fmt: skip
+def test_sequence_tree_under_a_cap_keeps_every_hit_first(drafts, start, max_nodes):
+    """Hits are kept best first: the own candidates of hits 1..k are all in the tree whenever
+    they fit under the cap together; recombinations appear only when every hit's own candidate is
+    in; with room for everything the tree is the full recombination tree."""
+    hits = [tuple(d) for d in drafts]
+    tree = sequence_tree(hits, start=start, max_nodes=max_nodes)
+    paths = _paths(tree)
+    own = [h[start:] for h in hits]
+    assert len(tree) <= max_nodes
+    for k in range(1, len(own) + 1):
+        if _trie_size(own[:k]) <= max_nodes:
+            assert set(own[:k]) <= paths
+    if not set(own) <= paths:
+        assert paths <= set(own)  # nothing of a hit dropped while recombinations are kept
+    full = _paths(sequence_tree(hits, start=start, max_nodes=1024))
+    assert paths <= full
+    if _trie_size(list(full)) <= max_nodes:
+        assert paths == full

@@ -75,6 +75,24 @@ def test_sequence_tree_cap_keeps_complete_branches():
     assert all(len(p) == 7 for p in _all_paths(tree))
 
 
+def test_sequence_tree_cap_keeps_every_hit_before_any_recombination():
+    # Five hits whose positions differ in Z only, sharing two rotation groups: the full tree has
+    # 5 position groups x 2 rotation groups = 10 candidates (47 nodes). Under the default 32-node
+    # cap every hit's own candidate must be there (27 nodes); a position-first fill would spend
+    # the cap on hits 1-3's recombinations and drop hits 4 and 5.
+    rots = [(10, 11, 12, 1), (20, 21, 22, 2)]
+    drafts = [(100, 101, 102 + i, *rots[i % 2]) for i in range(5)]
+    paths = _all_paths(sequence_tree(drafts, max_nodes=32))
+    assert all(d in paths for d in drafts)
+    # with room for everything, the recombinations come too
+    assert len(_all_paths(sequence_tree(drafts, max_nodes=1024))) == 10
+    # five hits of seven unshared tokens need 35 nodes: hits 1-4 fit in 32, hit 5 does not, so
+    # no recombination is added
+    disjoint = [tuple(range(i * 10, i * 10 + 7)) for i in range(5)]
+    paths = _all_paths(sequence_tree(disjoint, max_nodes=32))
+    assert paths == set(disjoint[:4])
+
+
 def test_ancestor_mask():
     tree = DraftTree()
     a = tree.add(1, -1)
