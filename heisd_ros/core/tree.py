@@ -88,10 +88,10 @@ def sequence_tree(drafts: list[tuple[int, ...]], start: int = 0, max_nodes: int 
 
     Under the `max_nodes` cap the tree is filled in priority order, one complete candidate at a
     time: first each hit's own candidate (best hit first), then the recombinations (position
-    groups in hit order, each with the other hits' rotation groups). A hit's own candidate is
-    the one its demonstration actually executed, so it is never displaced by a recombination:
-    if any hit's own candidate does not fit, no recombination is added at all. A capped tree is
-    made of complete candidates only.
+    groups in hit order, each with the other hits' rotation groups); a candidate whose new nodes
+    do not fit is passed over. A hit's own candidate is what its demonstration executed, so a
+    recombination never takes its place: every own candidate has had its turn before the first
+    recombination. A capped tree is made of complete candidates only.
     """
     if not drafts:
         return DraftTree()
@@ -99,12 +99,7 @@ def sequence_tree(drafts: list[tuple[int, ...]], start: int = 0, max_nodes: int 
         raise ValueError("every draft must hold 7 action tokens")
     own = [_candidate(d, start) for d in drafts]
     tree = DraftTree()
-    every_hit_fits = True
-    for branch in dict.fromkeys(own):
-        every_hit_fits &= _add_if_fits(tree, list(branch), max_nodes)
-    if not every_hit_fits:
-        return tree
-    for branch in _recombinations(drafts, start):
+    for branch in [*dict.fromkeys(own), *_recombinations(drafts, start)]:
         _add_if_fits(tree, list(branch), max_nodes)
     return tree
 
@@ -128,14 +123,13 @@ def _recombinations(drafts: list[tuple[int, ...]], start: int) -> list[tuple[int
     return [tuple(int(t) for t in (*p, *rot, g)) for p in pos for rot, grips in rot_to_grip.items() for g in grips]
 
 
-def _add_if_fits(tree: DraftTree, branch: list[int], max_nodes: int) -> bool:
-    """Add a complete candidate when its new nodes fit under the cap; whether it is in the tree."""
+def _add_if_fits(tree: DraftTree, branch: list[int], max_nodes: int) -> None:
+    """Add a complete candidate when its new nodes fit under the cap."""
     if _new_nodes(tree, branch) + len(tree) > max_nodes:
-        return False
+        return
     node = -1
     for tok in branch:
         node = tree.child(node, tok)
-    return True
 
 
 def _new_nodes(tree: DraftTree, branch: list[int]) -> int:
