@@ -168,6 +168,45 @@ class VerifySkipConfig:
         _require(0.0 < self.distance_shrink <= 1.0, "distance_shrink must be in (0, 1]")
 
 
+COST_SIGNALS = ("latency_ms", "forwards")
+"""What `SourceChoiceConfig` counts as a step's cost."""
+
+
+@dataclass(frozen=True)
+class SourceChoiceConfig:
+    """Adaptive draft source above the kinematic boundary (heisd only; docs/design.md §5).
+
+    Per episode, exponential averages of what retrieval-mode steps (verified or skipped) and
+    drafter-mode steps cost; a step with F >= tau retrieves only while retrieval's average is no
+    higher than the drafter's, with a retrieval probe every `probe_every_steps` steps routed away."""
+
+    enabled: bool = True
+    """Learn the source online; False: every step with F >= tau retrieves (the kinematic boundary alone)."""
+    cost_signal: str = "latency_ms"
+    """A step's cost: 'latency_ms' (its measured total time: what the control loop pays, including
+    the retrieval query, the extra views and a wide verification forward) or 'forwards' (its LLM
+    forwards plus `retrieval_overhead_forwards` for a retrieval-mode step; the same routing on
+    every machine, for tests and replays)."""
+    smoothing: float = 0.2
+    """Weight of the newest step in each exponential average, in (0, 1]. Step times are noisy and
+    bimodal (a skip against a verified step), so a larger weight routes on noise."""
+    min_retrieval_steps: int = 4
+    """Retrieval-mode steps per episode before the averages are compared (until then F >= tau retrieves)."""
+    probe_every_steps: int = 10
+    """While retrieval costs more, every this-many-th step routed to the drafter retrieves instead,
+    so a database that starts matching is noticed."""
+    retrieval_overhead_forwards: float = 1.0
+    """cost_signal 'forwards': what the retrieval query, the extra views and the tree's width add
+    to a retrieval-mode step, in LLM forwards."""
+
+    def __post_init__(self) -> None:
+        _require(self.cost_signal in COST_SIGNALS, f"cost_signal must be one of {COST_SIGNALS}")
+        _require(0.0 < self.smoothing <= 1.0, "smoothing must be in (0, 1]")
+        _require(1 <= self.min_retrieval_steps <= 1000, "min_retrieval_steps must be in [1, 1000]")
+        _require(1 <= self.probe_every_steps <= 1000, "probe_every_steps must be in [1, 1000]")
+        _require(0.0 <= self.retrieval_overhead_forwards <= 7.0, "retrieval_overhead_forwards must be in [0, 7]")
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """Demonstration database (docs/design.md §4)."""
@@ -253,6 +292,7 @@ class DecoderConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     fused_metric: FusedMetricConfig = field(default_factory=FusedMetricConfig)
     verify_skip: VerifySkipConfig = field(default_factory=VerifySkipConfig)
+    source_choice: SourceChoiceConfig = field(default_factory=SourceChoiceConfig)
     unknown_task: str = "error"
     """A task without database entries: 'error' (UnknownTaskError) or 'drafter' (decode without retrieval)."""
     unnorm_key: str = ""

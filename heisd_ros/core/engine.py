@@ -1,7 +1,8 @@
 """HybridDecoder: one control step of HeiSD and of every baseline (docs/design.md §2).
 
-    step(obs): fused metric -> mode -> vision (one batch: every view if the step retrieves,
-               else the prompt's views)
+    step(obs): fused metric -> source (core/source_choice.py: the kinematic boundary, then what
+               verification has cost this episode) -> vision (one batch: every view if the
+               step retrieves, else the prompt's views)
                retrieval: Top-K -> verify-skip?  -> sequence tree fused into the prefill -> accept
                drafter:   prefill -> EAGLE-2 tree -> verify -> accept ... until 7 tokens
                -> detokenize -> (action, StepStats)
@@ -30,6 +31,7 @@ from heisd_ros.core.errors import DatabaseError, InvalidObservationError, Unknow
 from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.kinematics import FusedMetric
 from heisd_ros.core.model_api import VLA, ActionPrior
+from heisd_ros.core.source_choice import REASON_METHOD, SourceChoice, SourceDecision
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats
@@ -147,6 +149,7 @@ class HybridDecoder:
         self.head = vla.action_head_weight()
         self.metric = FusedMetric(cfg.fused_metric)
         self.skip = VerifySkipPolicy(cfg.verify_skip)
+        self.source_choice = SourceChoice(cfg.source_choice)
         self.query_views = cfg.query_view_count
         self.gripper = GripperDebounce(cfg.gripper_hold_steps)
         self.strict = make_rule("strict", cfg.acceptance)
@@ -156,6 +159,10 @@ class HybridDecoder:
         self.f_live: np.ndarray | None = None
         self.last_gripper_token: int | None = None
         self.last_query: np.ndarray | None = None
+        self.profile = False
+        """Synchronise the device at the end of every timed stage, so that on a GPU each stage's
+        time is its own (`heisd bench --profile`). Off, a step's total is still exact (its tokens
+        reach the host), but a stage's time is what the host waited in it."""
 
     @property
     def reads_finger_gap(self) -> bool:
@@ -165,10 +172,11 @@ class HybridDecoder:
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, instruction: str | None = None) -> None:
-        """Start a new episode: clears the trajectory window and the skip state."""
+        """Start a new episode: clears the trajectory window, the skip state and the source costs."""
         self.instruction = instruction
         self.metric.reset()
         self.skip.reset_episode()
+        self.source_choice.reset()
         self.f_live = None
         self.last_gripper_token = None
         self.gripper.reset()
@@ -199,9 +207,10 @@ class HybridDecoder:
             self.metric.push(np.asarray(obs.ee_pos, dtype=np.float64))
             f = self.metric.value()
             st.fused_metric = math.nan if f is None else float(f)
-            wants_retrieval = self._wants_retrieval()
-            query, patches = self._vision(obs, lat, all_views=wants_retrieval)
-            hits = self._maybe_retrieve(obs, query, st, lat) if wants_retrieval else []
+            source = self._choose_source(st.fused_metric)
+            st.source_reason = source.reason
+            query, patches = self._vision(obs, lat, all_views=source.retrieval)
+            hits = self._maybe_retrieve(obs, query, st, lat) if source.retrieval else []
             decode = None
             if hits:
                 decode = self._retrieval_mode(obs, hits, patches, st, lat)
@@ -221,14 +230,17 @@ class HybridDecoder:
         action[GRIPPER_INDEX], st.gripper_held = self.gripper(float(action[GRIPPER_INDEX]))
         self.skip.record(st.skipped)
         lat["total"] = (time.perf_counter() - t0) * 1e3
+        if self.cfg.method == "heisd":
+            self.source_choice.record(st)
         return action, st
 
     # -- stages --------------------------------------------------------------------------------
-    def _wants_retrieval(self) -> bool:
-        """Whether this step queries the database (decided before vision: F needs only the pose)."""
-        if self.cfg.method not in NEEDS_STORE:
-            return False
-        return self.cfg.method != "heisd" or self.metric.prefers_retrieval()
+    def _choose_source(self, f: float) -> SourceDecision:
+        """Whether this step queries the database, and why (decided before vision: F needs only
+        the pose). heisd: the kinematic boundary, then the costs verification has shown."""
+        if self.cfg.method != "heisd":
+            return SourceDecision(self.cfg.method in NEEDS_STORE, REASON_METHOD)
+        return self.source_choice.decide(f, self.cfg.fused_metric.tau)
 
     def _vision(self, obs: Observation, lat: dict, all_views: bool) -> tuple[np.ndarray | None, torch.Tensor]:
         """(retrieval query, the prompt views' patch features [V*N, C]).
@@ -355,6 +367,9 @@ class HybridDecoder:
         try:
             yield
         finally:
-            if self.vla.device.type == "cuda":
+            # Kernels run asynchronously: without the wait, a stage's GPU work is billed to the
+            # stage that next reads a result on the host. The wait itself stalls the launch queue
+            # once per stage (per forward in drafter mode), so only profiling pays for it.
+            if self.profile and self.vla.device.type == "cuda":
                 torch.cuda.synchronize()
             lat[stage] = lat.get(stage, 0.0) + (time.perf_counter() - t) * 1e3

@@ -1,4 +1,5 @@
-"""Kinematic fused metric F that picks the draft source of each control step (docs/design.md §5).
+"""Kinematic fused metric F: the first gate on the draft source of each control step (docs/design.md §5;
+core/source_choice.py adds the second, what verification has cost this episode).
 
 F = alpha * Norm(R) + (1 - alpha) * Norm(D) over a sliding window of end-effector positions:
 R is the curvature radius of the window, D its cumulative displacement. Large F (fast, straight,

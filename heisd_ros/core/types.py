@@ -85,6 +85,9 @@ class StepStats:
     tokens: tuple[int, ...] = ()
     fallback: str = ""
     """Why a mode fell back (e.g. database fault -> drafter), '' when nothing fell back."""
+    source_reason: str = ""
+    """Why the step drafted from the source it did: 'method', 'no_window', 'below_tau', 'above_tau',
+    'learning', 'retrieval_cheaper', 'retrieval_costlier' or 'probe' (core/source_choice.py)."""
     gripper_held: bool = False
     """The executed gripper command is the previous one, not this step's (`gripper_hold_steps`)."""
 

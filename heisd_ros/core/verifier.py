@@ -70,19 +70,54 @@ def llama_forward(model, inputs_embeds: torch.Tensor, mask: torch.Tensor, positi
     return model.norm(hidden)
 
 
+@torch.inference_mode()
 def compact_cache(cache, keep: int, extra: list[int]) -> None:
-    """Keep cache positions [0, keep) plus `extra` (absolute positions, ascending), in place."""
-    if not extra:
+    """Keep cache positions [0, keep) plus `extra` (absolute positions, ascending), in place.
+
+    `extra[i]` lands at `keep + i`. An accepted path's leading nodes are usually there already
+    (a chain, or the tree's first branch), so only the tail after them is copied; the rest is a
+    view of the first `keep + len(extra)` positions. The whole cache is never rewritten.
+    """
+    end = keep + len(extra)
+    moved = next((i for i, p in enumerate(extra) if p != keep + i), len(extra))
+    if moved < len(extra):
+        src, dst = extra[moved:], slice(keep + moved, end)
+        contiguous = src[-1] - src[0] == len(src) - 1
+        overlaps = src[0] < end  # then the source is copied out before it is overwritten
+        index = None if contiguous else torch.tensor(src, device=cache.layers[0].keys.device)
         for layer in cache.layers:
-            if layer.keys.shape[2] > keep:
-                layer.keys = layer.keys[:, :, :keep]
-                layer.values = layer.values[:, :, :keep]
-        return
-    device = cache.layers[0].keys.device
-    index = torch.cat([torch.arange(keep, device=device), torch.tensor(extra, device=device)])
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                if contiguous:
+                    part = t[:, :, src[0] : src[-1] + 1]
+                    t[:, :, dst] = part.clone() if overlaps else part
+                else:
+                    t[:, :, dst] = t.index_select(2, index)
     for layer in cache.layers:
-        layer.keys = layer.keys.index_select(2, index)
-        layer.values = layer.values.index_select(2, index)
+        if layer.keys.shape[2] > end:
+            layer.keys = layer.keys[:, :, :end]
+            layer.values = layer.values[:, :, :end]
+
+
+def _start_clock(device: torch.device) -> float | torch.cuda.Event:
+    if device.type != "cuda":
+        return time.perf_counter()
+    start = torch.cuda.Event(enable_timing=True)
+    start.record(torch.cuda.current_stream(device))
+    return start
+
+
+def _stop_clock(start: float | torch.cuda.Event, device: torch.device) -> float | tuple:
+    if isinstance(start, float):
+        return (time.perf_counter() - start) * 1e3
+    end = torch.cuda.Event(enable_timing=True)
+    end.record(torch.cuda.current_stream(device))
+    return start, end
+
+
+def _elapsed_ms(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    end.synchronize()  # already complete when the step's tokens are on the host
+    return start.elapsed_time(end)
 
 
 class TargetSession:
@@ -101,7 +136,18 @@ class TargetSession:
         self.cache = DynamicCache(config=language_model.config)
         self.length = 0
         self.forwards = 0
-        self.forward_ms: list[float] = []  # wall time of each forward (device-synchronised)
+        self._clocks: list[float | tuple] = []
+        """Per forward: its wall time in ms, or on CUDA a (start, end) pair of events (`forward_ms`)."""
+
+    @property
+    def forward_ms(self) -> list[float]:
+        """Time of each forward so far, ms.
+
+        On CUDA it is the device time between two events recorded in the stream around the
+        forward, read only when asked (at the end of a step, once its tokens reached the host):
+        a host clock would need a `synchronize` after every forward, which stalls the launch
+        queue between forwards."""
+        return [c if isinstance(c, float) else _elapsed_ms(*c) for c in self._clocks]
 
     def token_embeds(self, tokens: list[int]) -> torch.Tensor:
         """[len(tokens), D] input embeddings."""
@@ -113,7 +159,7 @@ class TargetSession:
 
         action_index: which action dimension the chain's last position predicts (tree node at
         depth d predicts action_index + d); read only where a logit bias is set."""
-        t0 = time.perf_counter()
+        clock = _start_clock(chain_embeds.device)
         chain = chain_embeds.shape[0]
         embeds = chain_embeds
         if tree is not None and len(tree):
@@ -129,9 +175,7 @@ class TargetSession:
             rows = (action_index + depths).clamp(max=self.logit_bias.shape[0] - 1)
             logits = logits.float() + self.logit_bias.to(logits.device)[rows]
         bins = 256 - logits.argmax(dim=-1)
-        if bins.device.type == "cuda":
-            torch.cuda.synchronize(bins.device)
-        self.forward_ms.append((time.perf_counter() - t0) * 1e3)
+        self._clocks.append(_stop_clock(clock, bins.device))
         return ForwardResult(hidden=hidden, bins=bins, chain_hidden=last[:chain])
 
     def commit(self, accepted_nodes: list[int]) -> None:

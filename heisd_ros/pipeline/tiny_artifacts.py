@@ -82,15 +82,17 @@ def build_tiny_artifacts(out_dir: str | Path, progress: Callable[[str], None] | 
     drafter, _ = train_drafter(vla, own, steps=params["drafter_steps"], seed=params["seed"])
     drafter.save(out / "drafter")
     say("tiny: building the demonstration database")
-    points = _demo_points(vla, by_episode, actions, stats)
-    _write_db(points, out / "db")
+    points = demo_points(vla, by_episode, actions, stats)
+    write_db(points, out / "db")
     live_prev = _live_features(vla, by_episode)
     save_calibration(calibrate(points, FusedMetricConfig(), live_prev=live_prev), out / "calibration.json")
     manifest.write_text(json.dumps({"params": {**params, "version": VERSION}, "seconds": time.perf_counter() - t0}))
     return out
 
 
-def _demo_points(vla, by_episode, actions, stats) -> list:
+def demo_points(vla, by_episode, actions, stats) -> list:
+    """Database points of synthetic episodes: {(instruction, episode): [Observation]} with their
+    raw actions {(instruction, episode): [T, 7]}, tokenised with `stats`."""
     from heisd_ros.store.schema import DemoPoint
 
     points = []
@@ -130,7 +132,8 @@ def _live_features(vla, by_episode) -> dict:
     return out
 
 
-def _write_db(points: list, path: Path) -> None:
+def write_db(points: list, path: Path) -> None:
+    """A new embedded database at `path` holding `points`."""
     from heisd_ros.store.factory import make_store
 
     store = make_store(StoreConfig(backend="edge", path=str(path)), obs_dim=points[0].obs.shape[0],

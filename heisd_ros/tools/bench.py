@@ -7,9 +7,12 @@ Usage:
 
 Every method decodes the same held-out episodes (synthetic for the tiny model) in one process,
 taking turns step by step so that background load affects all methods alike.
-Per method: median step latency with its stage breakdown, LLM forwards per step, accept length
-(tokens per decoding cycle; a cycle is a verification forward or a skip), mode mix, speedup vs
-`ar` (ratio of medians) and whether its tokens equal `ar`'s at every step.
+Per method: mean, median, p95 and p99 step latency (the first --warmup steps excluded) with the mean
+and median per stage; speedup_vs_ar (mean ar step / mean step) with a 95 % bootstrap interval over
+the input episodes (none with one episode) and median_speedup_vs_ar; LLM forwards per step;
+accept_length (the paper's: tokens per decoding cycle, a skipped step being one 7-token cycle) and
+tokens_per_forward_verified (7 x verified steps / their LLM forwards); mode mix; whether its tokens
+equal `ar`'s at every step. Definitions: heisd_ros/pipeline/figures.py.
 """
 
 from __future__ import annotations
@@ -25,8 +28,15 @@ import torch
 
 from heisd_ros.core.config import METHODS, DecoderConfig, to_dict
 from heisd_ros.core.types import Observation, StepStats
-from heisd_ros.tools.eval_report import mode_floor_ms
+from heisd_ros.pipeline.figures import (
+    accept_figures,
+    bootstrap_meta,
+    interval_text,
+    latency_figures,
+    speedup_figures,
+)
 from heisd_ros.pipeline.outputs import git_revision, write_json
+from heisd_ros.tools.eval_report import mode_floor_ms
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize", "total")
 PROFILE_STAGES = ("vision", "projector", "retrieval", "draft", "prompt", "forward", "accept", "detokenize")
@@ -40,7 +50,8 @@ def step_floor_ms(st: StepStats) -> float:
 
 
 def profile(stats: list[StepStats]) -> dict:
-    """Per-stage medians/means and, per mode, the median ratio of step time to its floor."""
+    """Per-stage means/medians and, per mode, step time against its floor: mean step / mean floor,
+    and the median ratio of step time to floor."""
     out: dict = {"stage_mean_ms": {}, "stage_median_ms": {}, "modes": {}}
     for k in PROFILE_STAGES:
         vals = [s.latency_ms.get(k, 0.0) for s in stats]
@@ -50,10 +61,14 @@ def profile(stats: list[StepStats]) -> dict:
     for mode in sorted({s.mode for s in stats}):
         sel = [s for s in stats if s.mode == mode]
         ratios = [s.latency_ms["total"] / max(step_floor_ms(s), 1e-6) for s in sel]
+        step_ms, floor = [s.latency_ms["total"] for s in sel], [step_floor_ms(s) for s in sel]
         out["modes"][mode] = {
             "steps": len(sel),
-            "median_step_ms": float(np.median([s.latency_ms["total"] for s in sel])),
-            "median_floor_ms": float(np.median([step_floor_ms(s) for s in sel])),
+            "mean_step_ms": float(np.mean(step_ms)),
+            "mean_floor_ms": float(np.mean(floor)),
+            "mean_ratio_to_floor": float(np.mean(step_ms) / max(np.mean(floor), 1e-6)),
+            "median_step_ms": float(np.median(step_ms)),
+            "median_floor_ms": float(np.median(floor)),
             "median_ratio_to_floor": float(np.median(ratios)),
             "forwards_per_step": float(np.mean([s.llm_forwards for s in sel])),
         }
@@ -77,8 +92,8 @@ def demo_observations(demos: str, model_dir: str, tasks: str, n_episodes: int, n
     then the rest in file order; `n_steps` <= 0 keeps whole episodes. The database holds every demo,
     so on these states retrieval finds the episode's own steps: retrieval and heisd figures are an
     upper bound here, drafter-versus-ar figures are not affected."""
-    from heisd_ros.pipeline.features import held_out_sources
     from heisd_ros.pipeline.episodes import VIEWS, load_episode, scan_hdf5
+    from heisd_ros.pipeline.features import held_out_sources
     from heisd_ros.tools.args import parse_tasks
 
     held = held_out_sources(model_dir)
@@ -98,24 +113,30 @@ def demo_observations(demos: str, model_dir: str, tasks: str, n_episodes: int, n
     return out
 
 
+def episode_step_ms(stats: list[StepStats], episode_of: list[int], warmup: int) -> list[list[float]]:
+    """Step latencies (ms) per input episode, the first `warmup` steps of the run left out."""
+    out: dict[int, list[float]] = {}
+    for i, (s, e) in enumerate(zip(stats, episode_of)):
+        if i >= warmup:
+            out.setdefault(e, []).append(s.latency_ms["total"])
+    return [out[e] for e in sorted(out)]
+
+
 def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, warmup: int,
               with_profile: bool = False) -> dict:
+    """One method's figures (speedups are added by `run`, which holds `ar`'s steps)."""
     measured = stats[warmup:]
-    lat = {k: float(np.median([s.latency_ms.get(k, 0.0) for s in measured])) for k in STAGES}
-    tokens = sum(len(s.tokens) for s in stats)
-    cycles = sum(s.decoding_cycles for s in stats)
     modes: dict[str, int] = {}
     for s in stats:
         modes[s.mode] = modes.get(s.mode, 0) + 1
     out = {
         "method": name,
         "steps": len(stats),
-        "median_step_ms": lat["total"],
-        "p90_step_ms": float(np.percentile([s.latency_ms["total"] for s in measured], 90)),
-        "mean_step_ms": float(np.mean([s.latency_ms["total"] for s in measured])),
-        "stage_median_ms": lat,
+        **latency_figures([s.latency_ms["total"] for s in measured]),
+        "stage_mean_ms": {k: float(np.mean([s.latency_ms.get(k, 0.0) for s in measured])) for k in STAGES},
+        "stage_median_ms": {k: float(np.median([s.latency_ms.get(k, 0.0) for s in measured])) for k in STAGES},
         "forwards_per_step": sum(s.llm_forwards for s in stats) / len(stats),
-        "accept_length": tokens / cycles if cycles else float("nan"),
+        **accept_figures([s.llm_forwards for s in stats], [s.skipped for s in stats]),
         "mode_mix": {k: v / len(stats) for k, v in sorted(modes.items())},
         "fallbacks": sum(1 for s in stats if s.fallback),
     }
@@ -158,42 +179,56 @@ def run(args: argparse.Namespace) -> dict:
 
     decoders = {m: HybridDecoder(heisd.vla, dataclasses.replace(heisd.cfg, method=m), store=heisd.store,
                                  drafter=heisd.drafter, state_prior=heisd.state_prior) for m in methods}
+    for dec in decoders.values():
+        dec.profile = args.profile  # exact stage times on a GPU, at the cost of a wait per stage
     stats: dict[str, list[StepStats]] = {m: [] for m in methods}
+    episode_of: list[int] = []
     # Methods take turns on every observation, so background load hits all of them alike.
-    for episode in episodes:
+    for e, episode in enumerate(episodes):
         for dec in decoders.values():
             dec.reset(episode[0].instruction)
         for obs in episode:
+            episode_of.append(e)
             for m, dec in decoders.items():
                 stats[m].append(dec.step(obs)[1])
     ar_tokens = [tuple(s.tokens) for s in stats["ar"]]
     results = {m: summarise(m, stats[m], ar_tokens, args.warmup, args.profile) for m in methods}
-    ar_ms = results["ar"]["median_step_ms"]
-    for r in results.values():
-        r["speedup_vs_ar"] = ar_ms / r["median_step_ms"]
+    ar_eps = episode_step_ms(stats["ar"], episode_of, args.warmup)
+    for m, r in results.items():
+        # every method decoded the same episodes: the bootstrap draws them once for both
+        r.update(speedup_figures(ar_eps, episode_step_ms(stats[m], episode_of, args.warmup), paired=True))
         r["lossless"] = r["method"] in ("ar", "drafter", "retrieval")
     meta = {
         "command": " ".join(["heisd", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "heisd bench",
         "args": vars(args), "seed": args.seed, "threads": args.threads, "git_rev": git_revision(),
         "platform": platform.platform(), "torch": torch.__version__, "config": to_dict(heisd.cfg),
+        "bootstrap": bootstrap_meta(len(ar_eps), paired=True, unit="input episode"),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return {**{m: results[m] for m in methods}, "_meta": meta}
 
 
 def print_table(report: dict) -> None:
-    head = f"{'method':<10} {'median ms':>9} {'speedup':>8} {'fwd/step':>8} {'accept':>7} {'= ar':>6}  stages (median ms)  modes"
+    """Means first, then median, p95, p99 and the other figures; stage means on a second table."""
+    n = report.get("_meta", {}).get("bootstrap", {}).get("episodes")
+    head = (f"{'method':<10} {'mean ms':>8} {'speedup':>8} {'95% CI':>14} {'median ms':>9} {'med spd':>7} "
+            f"{'p95 ms':>7} {'p99 ms':>7} {'fwd/step':>8} {'accept':>6} {'tok/fwd':>7} {'= ar':>5}  modes")
     print(head)
     print("-" * len(head))
-    for name, r in report.items():
-        if name.startswith("_"):
-            continue
-        st = r["stage_median_ms"]
-        stages = " ".join(f"{k[:4]}={st[k]:.1f}" for k in STAGES[:-1] if st[k] > 0.05)
+    rows = {name: r for name, r in report.items() if not name.startswith("_")}
+    for name, r in rows.items():
         modes = ",".join(f"{k}:{v:.0%}" for k, v in r["mode_mix"].items())
         same = "yes" if r.get("tokens_identical_to_ar") else f"{r.get('fraction_steps_identical_to_ar', 0):.0%}"
-        print(f"{name:<10} {r['median_step_ms']:>9.2f} {r['speedup_vs_ar']:>7.2f}x {r['forwards_per_step']:>8.2f} "
-              f"{r['accept_length']:>7.2f} {same:>6}  {stages}  {modes}")
+        print(f"{name:<10} {r['mean_step_ms']:>8.2f} {r['speedup_vs_ar']:>7.2f}x "
+              f"{interval_text(r['speedup_vs_ar_ci95'], n_episodes=n):>14} {r['median_step_ms']:>9.2f} "
+              f"{r['median_speedup_vs_ar']:>6.2f}x {r['p95_step_ms']:>7.2f} {r['p99_step_ms']:>7.2f} "
+              f"{r['forwards_per_step']:>8.2f} {r['accept_length']:>6.2f} {r['tokens_per_forward_verified']:>7.2f} "
+              f"{same:>5}  {modes}")
+    print("speedup = mean ar step / mean step; 95% CI: bootstrap over the input episodes; accept = tokens per "
+          "cycle (a skip is one 7-token cycle); tok/fwd = 7 x verified steps / their LLM forwards")
+    print(f"\n{'stage mean ms':<14}" + " ".join(f"{k[:9]:>9}" for k in STAGES[:-1]))
+    for name, r in rows.items():
+        print(f"{name:<14}" + " ".join(f"{r['stage_mean_ms'][k]:>9.2f}" for k in STAGES[:-1]))
 
 
 def print_profile(report: dict) -> None:
@@ -204,12 +239,14 @@ def print_profile(report: dict) -> None:
             continue
         st = r["profile"]["stage_mean_ms"]
         print(f"{name:<10} " + " ".join(f"{st[c]:>9.2f}" for c in cols))
-    print(f"\n{'method':<10} {'mode':<10} {'steps':>5} {'median ms':>9} {'floor ms':>9} {'ratio':>6} {'fwd/step':>8}")
+    print(f"\n{'method':<10} {'mode':<10} {'steps':>5} {'mean ms':>8} {'floor':>7} {'ratio':>6} "
+          f"{'median ms':>9} {'floor':>7} {'ratio':>6} {'fwd/step':>8}")
     for name, r in report.items():
         if name.startswith("_") or "profile" not in r:
             continue
         for mode, m in r["profile"]["modes"].items():
-            print(f"{name:<10} {mode:<10} {m['steps']:>5} {m['median_step_ms']:>9.2f} {m['median_floor_ms']:>9.2f} "
+            print(f"{name:<10} {mode:<10} {m['steps']:>5} {m['mean_step_ms']:>8.2f} {m['mean_floor_ms']:>7.2f} "
+                  f"{m['mean_ratio_to_floor']:>6.2f} {m['median_step_ms']:>9.2f} {m['median_floor_ms']:>7.2f} "
                   f"{m['median_ratio_to_floor']:>6.2f} {m['forwards_per_step']:>8.2f}")
 
 

@@ -24,7 +24,10 @@ Protocol (the same for every method, in one process):
 Outputs: `<out stem>.jsonl` (one line per finished (task, init state, method) episode with its per-step
 StepStats; a rerun with the same settings skips finished triples), the JSON report `--out` (one object
 per method plus `_meta`), `<out stem>.md` (tables) and, with --plots, PNG plots. The report covers the
-requested tasks x init states x methods found in the log.
+requested tasks x init states x methods found in the log. Per method: success with its 95 % Wilson
+interval; mean, median, p95, p99 step latency; speedup_vs_ar (ratio of means) with a bootstrap
+interval over the (task, init state) episodes, median_speedup_vs_ar; accept_length (the paper's) and
+tokens_per_forward_verified (definitions: heisd_ros/pipeline/figures.py).
 """
 
 from __future__ import annotations
@@ -191,7 +194,8 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
     """The JSON report `cfg.out`, its Markdown tables beside it and, with `cfg.plots_dir`, the plots."""
     import torch
 
-    from heisd_ros.tools.eval_report import build_report, markdown
+    from heisd_ros.tools.eval_markdown import markdown
+    from heisd_ros.tools.eval_report import build_report
 
     wanted = {(t, k) for t in cfg.tasks for k in cfg.init_states}
     episodes = [e for e in log.episodes if (e["task"], e["init_state"]) in wanted and e["method"] in cfg.methods]
@@ -282,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     except HeisdError as err:
         print(f"heisd eval-libero: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
-    from heisd_ros.tools.eval_report import markdown
+    from heisd_ros.tools.eval_markdown import markdown
 
     print(markdown(report))
     print(f"wrote {cfg.out}, {Path(cfg.out).with_suffix('.md')}, log {args.report_from or cfg.log_path}")

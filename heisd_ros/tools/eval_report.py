@@ -1,4 +1,5 @@
-"""Results of `heisd eval-libero`: the resumable JSONL log, per-method summaries, the Markdown table.
+"""Results of `heisd eval-libero`: the resumable JSONL log and the per-method summaries (the figures
+are defined once, in `heisd_ros.pipeline.figures`; the Markdown tables are `eval_markdown`).
 
 The log (`<report stem>.jsonl`) holds one JSON object per line:
     {"kind": "run", "key": {...}}                 first line: what must match for a rerun to resume
@@ -22,12 +23,21 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.figures import (
+    accept_figures,
+    bootstrap_meta,
+    distribution,
+    latency_figures,
+    speedup_figures,
+    wilson_interval,
+)
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize")
 LOSSLESS = ("ar", "drafter", "retrieval")
 """Methods whose tokens equal greedy AR decoding by construction (strict acceptance, no skip)."""
-TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "accept_length": 4.5}
-"""The acceptance targets of `heisd` against `ar` of the same run."""
+TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedup_vs_ar": 1.5, "accept_length": 4.5}
+"""The acceptance targets of `heisd` against `ar` of the same run: mean step 2.5x faster, p95 step
+1.5x faster, accept length (the paper's) 4.5, success within 5 points."""
 
 
 def jsonable(x: Any) -> Any:
@@ -62,7 +72,7 @@ class ResultLog:
             self._write({"kind": "run", "key": self.run_key})
 
     @classmethod
-    def read(cls, path: str | Path) -> "ResultLog":
+    def read(cls, path: str | Path) -> ResultLog:
         """An existing log, read only (a run's .jsonl or a committed .jsonl.gz), under its own run key."""
         import gzip
 
@@ -130,26 +140,14 @@ class ResultLog:
 # ------------------------------------------------------------------------------ summaries
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate (sensible at 0 and n)."""
-    if n == 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def cycle_lengths(step: dict[str, Any]) -> list[int]:
     """Tokens fixed per decoding cycle of one step: one entry per verification forward, 7 for a skip."""
     return [7] if step["skipped"] else list(step["tpf"])
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0, "median": math.nan, "p95": math.nan, "mean": math.nan}
-    v = np.asarray(values, dtype=np.float64)
-    return {"n": int(v.size), "median": float(np.median(v)), "p95": float(np.percentile(v, 95)), "mean": float(v.mean())}
+    """n, mean, median, p95, p99 of search times (ms)."""
+    return {"n": len(values), **distribution(values)}
 
 
 def mode_floor_ms(latency_ms: Mapping[str, float], forward_ms: Sequence[float]) -> float:
@@ -165,16 +163,21 @@ def floor_ms(step: dict[str, Any]) -> float | None:
 
 
 def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per mode: steps, median step ms, median floor ms and median ratio of step time to its floor."""
+    """Per mode: steps; mean step ms, mean floor ms and their ratio (mean step / mean floor); the
+    median step ms, median floor ms and median ratio of step time to its floor."""
     out = {}
     for mode in sorted({s["mode"] for s in steps}):
         sel = [s for s in steps if s["mode"] == mode]
-        floors = [(s["ms"]["total"], f) for s in sel if (f := floor_ms(s)) is not None and f > 0]
+        floors = np.array([(s["ms"]["total"], f) for s in sel if (f := floor_ms(s)) is not None and f > 0]).reshape(-1, 2)
+        has = len(floors) > 0
         out[mode] = {
             "steps": len(sel),
+            "mean_step_ms": float(np.mean([s["ms"]["total"] for s in sel])),
+            "mean_floor_ms": float(floors[:, 1].mean()) if has else math.nan,
+            "mean_ratio_to_floor": float(floors[:, 0].mean() / floors[:, 1].mean()) if has else math.nan,
             "median_step_ms": float(np.median([s["ms"]["total"] for s in sel])),
-            "median_floor_ms": float(np.median([f for _, f in floors])) if floors else math.nan,
-            "median_ratio_to_floor": float(np.median([t / f for t, f in floors])) if floors else math.nan,
+            "median_floor_ms": float(np.median(floors[:, 1])) if has else math.nan,
+            "median_ratio_to_floor": float(np.median(floors[:, 0] / floors[:, 1])) if has else math.nan,
         }
     return out
 
@@ -234,14 +237,12 @@ def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, A
         "per_task_success": dict(sorted(per_task.items(), key=lambda kv: int(kv[0]))),
         "steps": n,
         "mean_episode_steps": n / len(episodes) if episodes else math.nan,
-        "median_step_ms": float(np.median(total)) if n else math.nan,
-        "p90_step_ms": float(np.percentile(total, 90)) if n else math.nan,
-        "mean_step_ms": float(np.mean(total)) if n else math.nan,
-        "median_step_cpu_ms": float(np.median(cpu)) if n else math.nan,
-        "stage_median_ms": {k: float(np.median([s["ms"].get(k, 0.0) for s in steps])) if n else math.nan for k in STAGES},
+        **latency_figures(total),
+        "mean_step_cpu_ms": float(np.mean(cpu)) if n else math.nan,
         "stage_mean_ms": {k: float(np.mean([s["ms"].get(k, 0.0) for s in steps])) if n else math.nan for k in STAGES},
+        "stage_median_ms": {k: float(np.median([s["ms"].get(k, 0.0) for s in steps])) if n else math.nan for k in STAGES},
         "forwards_per_step": sum(s["forwards"] for s in steps) / n if n else math.nan,
-        "accept_length": sum(cycles) / len(cycles) if cycles else math.nan,
+        **accept_figures([s["forwards"] for s in steps], [s["skipped"] for s in steps]),
         "accept_length_hist": {str(k): v for k, v in sorted(Counter(cycles).items())},
         "mode_mix": {k: v / n for k, v in sorted(modes.items())},
         "modes": mode_profile(steps),
@@ -253,6 +254,29 @@ def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, A
                                 if episodes else math.nan),
         "lossless": method in LOSSLESS,
     }
+
+
+def _key(e: dict[str, Any]) -> tuple[int, int]:
+    return (e["task"], e["init_state"])
+
+
+def _speedups(episodes: list[dict[str, Any]], ar_episodes: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """(speedup figures of `episodes` over `ar_episodes`, whether they were paired by (task, init state)).
+
+    Paired when both methods ran the same (task, init state) pairs; the wall and the CPU speedup are
+    ratios of means."""
+    ar = {_key(e): e for e in ar_episodes}
+    me = {_key(e): e for e in episodes}
+    paired = set(ar) == set(me)
+    if paired:
+        ar_episodes, episodes = [ar[k] for k in sorted(ar)], [me[k] for k in sorted(ar)]
+
+    def times(eps: list[dict[str, Any]], field: str) -> list[list[float]]:
+        return [[s["ms"]["total"] if field == "total" else s[field] for s in e["steps"]] for e in eps]
+
+    out = speedup_figures(times(ar_episodes, "total"), times(episodes, "total"), paired=paired)
+    cpu = speedup_figures(times(ar_episodes, "cpu_ms"), times(episodes, "cpu_ms"), paired=paired)
+    return {**out, "speedup_vs_ar_cpu": cpu["speedup_vs_ar"]}, paired
 
 
 def _identical_to_ar(episodes: list[dict[str, Any]], ar: dict[tuple[int, int], dict[str, Any]]) -> float:
@@ -275,11 +299,12 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
     episodes = list(episodes)
     by_method = {m: [e for e in episodes if e["method"] == m] for m in methods}
     report: dict[str, Any] = {m: summarise_method(m, eps) for m, eps in by_method.items()}
-    ar_pairs = {(e["task"], e["init_state"]): e for e in by_method.get("ar", [])}
+    ar_pairs = {_key(e): e for e in by_method.get("ar", [])}
+    all_paired = True
     for m, r in report.items():
-        ar = report.get("ar")
-        r["speedup_vs_ar"] = ar["median_step_ms"] / r["median_step_ms"] if ar and r["steps"] else math.nan
-        r["speedup_vs_ar_cpu"] = ar["median_step_cpu_ms"] / r["median_step_cpu_ms"] if ar and r["steps"] else math.nan
+        figures, paired = _speedups(by_method[m], by_method.get("ar", []))
+        r.update(figures)
+        all_paired = all_paired and paired
         if m != "ar" and ar_pairs:
             r["episodes_identical_to_ar"] = _identical_to_ar(by_method[m], ar_pairs)
     search = {m: [x for e in by_method[m] for x in e.get("search_ms", [])] for m in methods}
@@ -296,6 +321,7 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
         "by_method": {m: {"top_k": next((e.get("search_k") for e in by_method[m] if e.get("search_k")), None),
                           **_percentiles(v)} for m, v in search.items() if v},
     }
+    meta["bootstrap"] = bootstrap_meta(len(ar_pairs), all_paired, unit="(task, init state) episode")
     meta["acceptance"] = acceptance(report)
     return jsonable({**report, "_meta": meta})
 
@@ -310,121 +336,16 @@ def acceptance(report: dict[str, Any]) -> dict[str, Any]:
         "evaluated": True,
         "success_comparison_meaningful": ar["successes"] + h["successes"] > 0,
         "ar_success_rate": ar["success_rate"],
+        "ar_success_rate_ci95": ar["success_rate_ci95"],
         "heisd_success_rate": h["success_rate"],
+        "heisd_success_rate_ci95": h["success_rate_ci95"],
         "success_gap_points": gap,
         "success_within_5_points": gap <= TARGETS["success_within_points_of_ar"],
         "heisd_speedup_vs_ar": h["speedup_vs_ar"],
+        "heisd_speedup_vs_ar_ci95": h["speedup_vs_ar_ci95"],
         "speedup_at_least_2.5x": h["speedup_vs_ar"] >= TARGETS["speedup_vs_ar"],
+        "heisd_p95_speedup_vs_ar": h["p95_speedup_vs_ar"],
+        "p95_speedup_at_least_1.5x": h["p95_speedup_vs_ar"] >= TARGETS["p95_speedup_vs_ar"],
         "heisd_accept_length": h["accept_length"],
         "accept_length_at_least_4.5": h["accept_length"] >= TARGETS["accept_length"],
     }
-
-
-# ------------------------------------------------------------------------------ Markdown
-
-
-def _f(x: Any, fmt: str = ".2f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
-
-
-FOOTNOTE = ["", "Step latency is the wall time of `HybridDecoder.step` (vision, retrieval, drafting, verification,",
-            "detokenisation); the simulator is not included. CPU speedup uses the process CPU time of the same",
-            "call (immune to preemption by other processes). Accept length = tokens per decoding cycle (a cycle",
-            "is a verification forward or a skip).", ""]
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown: what ran, the per-method and per-task tables, latency and targets."""
-    meta = report["_meta"]
-    methods = [m for m in report if not m.startswith("_")]
-    out = _md_header(meta) + _md_methods(report, methods) + _md_tasks(report, methods)
-    out += _md_modes(report, methods) + _md_latency(meta["retrieval_latency_ms"])
-    out += _md_targets(meta["acceptance"]) + FOOTNOTE
-    return "\n".join(out)
-
-
-def _md_header(meta: dict[str, Any]) -> list[str]:
-    out = [f"# LIBERO closed-loop evaluation: {meta.get('suite', '')}", ""]
-    out += [f"Command: `{meta.get('command', '')}`", ""]
-    runs = [x for x in meta.get("invocations", []) if x.get("episodes_run")]
-    if runs:  # the invocations that ran the episodes (one per shard), in log order
-        out += ["Episodes run by:", ""] + [f"- `{x['command']}` ({x['episodes_run']} episodes, git "
-                                          f"`{str(x.get('git_rev', ''))[:10]}`)" for x in runs] + [""]
-    out += [(f"Subset: tasks {meta.get('tasks')}, init states {meta.get('init_states')} "
-             f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
-             f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "
-             f"git `{str(meta.get('git_rev', ''))[:10]}`."), ""]
-    return out
-
-
-def _md_methods(report: dict[str, Any], methods: list[str]) -> list[str]:
-    out = ["| method | success | median step ms | p90 ms | speedup vs ar | CPU speedup | LLM fwd/step "
-           "| accept length | modes |", "|---|---|---|---|---|---|---|---|---|"]
-    for m in methods:
-        r = report[m]
-        modes = ", ".join(f"{k} {v:.0%}" for k, v in r["mode_mix"].items())
-        out.append(f"| {m} | {_f(r['success_rate'], '.0%')} ({r['successes']}/{r['episodes']}) | "
-                   f"{_f(r['median_step_ms'], '.1f')} | "
-                   f"{_f(r['p90_step_ms'], '.1f')} | {_f(r['speedup_vs_ar'])}x | {_f(r['speedup_vs_ar_cpu'])}x | "
-                   f"{_f(r['forwards_per_step'])} | {_f(r['accept_length'])} | {modes} |")
-    return out
-
-
-def _md_tasks(report: dict[str, Any], methods: list[str]) -> list[str]:
-    tasks = sorted({t for m in methods for t in report[m]["per_task_success"]}, key=int)
-    out = ["", "Success per task:", "", "| task | instruction | " + " | ".join(methods) + " |",
-           "|---|---|" + "---|" * len(methods)]
-    for t in tasks:
-        instr = next(report[m]["per_task_success"][t]["instruction"] for m in methods
-                     if t in report[m]["per_task_success"])
-        cells = []
-        for m in methods:
-            c = report[m]["per_task_success"].get(t)
-            cells.append(f"{c['successes']}/{c['episodes']}" if c else "-")
-        out.append(f"| {t} | {instr} | " + " | ".join(cells) + " |")
-    return out
-
-
-def _md_modes(report: dict[str, Any], methods: list[str]) -> list[str]:
-    """Step time per mode against its floor, and the verify-skip verdicts."""
-    out = ["", "Step time per mode against its floor (vision + projector + retrieval + first LLM forward):", "",
-           "| method | mode | steps | median ms | median floor ms | median ratio to floor |", "|---|---|---|---|---|---|"]
-    for m in methods:
-        for mode, p in report[m].get("modes", {}).items():
-            out.append(f"| {m} | {mode} | {p['steps']} | {_f(p['median_step_ms'], '.1f')} | "
-                       f"{_f(p['median_floor_ms'], '.1f')} | {_f(p['median_ratio_to_floor'])} |")
-    checks = {m: report[m].get("skip_checks") for m in methods if report[m].get("skip_checks")}
-    if checks:
-        out += ["", "Verify-skip verdicts of the best hit on retrieval steps (why a step was, or was not, skipped):", ""]
-        for m, c in checks.items():
-            total = sum(c.values())
-            out.append(f"- `{m}`: " + ", ".join(f"{k} {v / total:.0%}" for k, v in c.items()) + f" ({total} steps)")
-    return out
-
-
-def _md_latency(lat: dict[str, Any]) -> list[str]:
-    out = ["", (f"Retrieval latency (Top-5, task-filtered, {lat['n']} queries): median {_f(lat['median'], '.2f')} ms, "
-                f"p95 {_f(lat['p95'], '.2f')} ms ({lat['what']}).")]
-    inrun = lat.get("in_run_top5", {})
-    if lat.get("probe_top5", {}).get("n") and inrun.get("n"):
-        out.append(f"heisd's own Top-5 queries during the episodes: {inrun['n']}, "
-                   f"median {_f(inrun['median'], '.2f')} ms, p95 {_f(inrun['p95'], '.2f')} ms.")
-    for m, v in lat.get("by_method", {}).items():
-        out.append(f"- `{m}` store.search (Top-{v['top_k']}) inside its steps: {v['n']} queries, "
-                   f"median {_f(v['median'], '.2f')} ms, p95 {_f(v['p95'], '.2f')} ms")
-    return out
-
-
-def _md_targets(acc: dict[str, Any]) -> list[str]:
-    if not acc.get("evaluated"):
-        return []
-    yes = {True: "met", False: "missed"}
-    return ["", "Targets (heisd vs ar, same run):", "",
-            (f"- success within 5 points of ar: {yes[acc['success_within_5_points']]} "
-             f"(ar {_f(acc['ar_success_rate'], '.0%')}, heisd {_f(acc['heisd_success_rate'], '.0%')})"
-             + ("" if acc.get("success_comparison_meaningful", True) else
-                " -- vacuous: neither method solved an episode")),
-            f"- median step >= 2.5x faster than ar: {yes[acc['speedup_at_least_2.5x']]} "
-            f"({_f(acc['heisd_speedup_vs_ar'])}x)",
-            (f"- accept length >= 4.5 tokens per cycle: {yes[acc['accept_length_at_least_4.5']]} "
-             f"({_f(acc['heisd_accept_length'])})")]

@@ -16,7 +16,11 @@ Without --start-node a policy node must already run (same ROS domain). With --st
 started in this process from the parameter file, once per --method, on the same bag. The node's
 outputs (ArmCommand, DecodeStats, Twist/gripper, /diagnostics) go into a new MCAP bag at OUT_BAG,
 under their own topic names for one method and under /<method>/... for several. A per-method summary
-(steps, mode mix, median latencies, forwards per step) is printed and optionally written as JSON.
+is printed and optionally written as JSON: steps, mode mix, mean, median, p95 and p99 decode step
+(the node's DecodeStats total_ms) and command latency, forwards per step, accept_length (the paper's:
+a skipped step is one 7-token cycle) and tokens_per_forward_verified; with `ar` among the methods,
+speedup_vs_ar (mean ar step / mean step) with a 95 % bootstrap interval over the bag's episodes (none
+for a one-episode bag) and median_speedup_vs_ar. Definitions: heisd_ros/pipeline/figures.py.
 """
 
 from __future__ import annotations
@@ -27,14 +31,20 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import numpy as np
+from typing import Any
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.pipeline.figures import (
+    accept_figures,
+    bootstrap_meta,
+    interval_text,
+    latency_figures,
+    speedup_figures,
+)
 from heisd_ros.pipeline.outputs import git_revision
 from heisd_ros.ros.playback import OUTPUT_TYPES, MethodRun, Player, Recorder, read_bag
 
@@ -96,47 +106,81 @@ def _stamp_s(msg: Any) -> float:
     return msg.header.stamp.sec + 1e-9 * msg.header.stamp.nanosec
 
 
+def episode_step_ms(run: MethodRun) -> list[list[float]]:
+    """Decode step latencies (ms) per input episode: the node numbers an episode's published steps
+    from 1, so a step_id that does not grow starts the next episode."""
+    episodes: list[list[float]] = []
+    last = None
+    for _, s in run.stats:
+        if last is None or s.step_id <= last:
+            episodes.append([])
+        episodes[-1].append(float(s.total_ms))
+        last = s.step_id
+    return episodes
+
+
 def summarise(run: MethodRun, bag_steps: int) -> dict:
+    """One method's figures (speedups over `ar` are added by `add_speedups`)."""
     stats = [s for _, s in run.stats]
     n = len(stats)
     modes: dict[str, int] = {}
     for s in stats:
         modes[s.mode] = modes.get(s.mode, 0) + 1
-    total = np.array([s.total_ms for s in stats], dtype=float)
-    e2e = np.array([(t - _stamp_s(c)) * 1e3 for t, c in run.commands], dtype=float)
-    cycles = sum(s.llm_forwards + int(s.skipped) for s in stats)
+    e2e = [(t - _stamp_s(c)) * 1e3 for t, c in run.commands]
     diag = {}
     if run.diagnostics:
         for st in run.diagnostics[-1].status:
             if st.name.endswith(": policy"):
                 diag = {kv.key: kv.value for kv in st.values}
-    med = lambda a: float(np.median(a)) if len(a) else float("nan")  # noqa: E731
     return {
         "method": run.method,
         "bag_steps": bag_steps,
         "decoded_steps": n,
+        "episodes": len(episode_step_ms(run)),
         "commands": len(run.commands),
         "timeouts": run.timeouts,
         "mode_mix": dict(sorted(modes.items())),
-        "median_decode_ms": med(total),
-        "p90_decode_ms": float(np.percentile(total, 90)) if n else float("nan"),
-        "median_command_latency_ms": med(e2e),
+        **latency_figures([s.total_ms for s in stats]),
+        **latency_figures(e2e, "command_latency"),
         "forwards_per_step": sum(s.llm_forwards for s in stats) / n if n else float("nan"),
-        "accept_length": 7 * n / cycles if cycles else float("nan"),
+        **accept_figures([s.llm_forwards for s in stats], [bool(s.skipped) for s in stats]),
         "dropped_ticks": int(diag.get("dropped_ticks", 0) or 0),
         "rejected": diag.get("rejected", ""),
         "wall_s": run.wall_s,
     }
 
 
-def format_summary(rows: list[dict]) -> str:
-    head = f"{'method':<10} {'steps':>11} {'cmds':>5} {'decode ms':>10} {'cmd lat ms':>10} {'fwd/step':>8} {'acc len':>7}  mode mix"
+def add_speedups(rows: dict[str, dict], runs: list[MethodRun]) -> dict | None:
+    """Speedups over `ar` into each row when `ar` was replayed; the bootstrap's description (or None).
+
+    Every method replays the same bag, so its episodes pair with `ar`'s when it decoded as many."""
+    by_method = {r.method: episode_step_ms(r) for r in runs}
+    if "ar" not in by_method:
+        return None
+    ar = by_method["ar"]
+    paired = all(len(eps) == len(ar) for eps in by_method.values())
+    for method, eps in by_method.items():
+        rows[method].update(speedup_figures(ar, eps, paired=len(eps) == len(ar)))
+    return bootstrap_meta(len(ar), paired, unit="bag episode")
+
+
+def format_summary(rows: list[dict], bootstrap: dict | None = None) -> str:
+    """Means first, then median, p95, p99; speedups and their interval when `ar` ran."""
+    head = (f"{'method':<10} {'steps':>11} {'cmds':>5} {'mean ms':>8} {'median':>7} {'p95':>7} {'p99':>7} "
+            f"{'cmd lat ms':>10} {'fwd/step':>8} {'acc len':>7} {'tok/fwd':>7}  mode mix")
     lines = [head, "-" * len(head)]
     for r in rows:
         mix = " ".join(f"{k}:{v}" for k, v in r["mode_mix"].items()) or "-"
         lines.append(f"{r['method']:<10} {r['decoded_steps']:>5}/{r['bag_steps']:<5} {r['commands']:>5} "
-                     f"{r['median_decode_ms']:>10.1f} {r['median_command_latency_ms']:>10.1f} "
-                     f"{r['forwards_per_step']:>8.2f} {r['accept_length']:>7.2f}  {mix}")  # fmt: skip
+                     f"{r['mean_step_ms']:>8.1f} {r['median_step_ms']:>7.1f} {r['p95_step_ms']:>7.1f} "
+                     f"{r['p99_step_ms']:>7.1f} {r['mean_command_latency_ms']:>10.1f} "
+                     f"{r['forwards_per_step']:>8.2f} {r['accept_length']:>7.2f} "
+                     f"{r['tokens_per_forward_verified']:>7.2f}  {mix}")  # fmt: skip
+    if bootstrap is not None:
+        n = bootstrap["episodes"]
+        lines.append("speed-up over ar (mean decode step; 95 % bootstrap interval over the bag's episodes): " + ", ".join(
+            f"{r['method']} {r['speedup_vs_ar']:.2f}x {interval_text(r.get('speedup_vs_ar_ci95'), n_episodes=n)}"
+            f" (median {r['median_speedup_vs_ar']:.2f}x)" for r in rows if "speedup_vs_ar" in r))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -178,10 +222,14 @@ def replay(bag: str | Path, cfg: ReplayConfig, decoder_factory: Callable | None 
         recorder.close()
         node.destroy_node()
         rclpy.try_shutdown(context=ctx)
-    rows = [summarise(r, bag_steps) for r in runs]
-    say("\n" + format_summary(rows))
-    return {"bag": str(bag), "out": str(out), "config": dataclasses.asdict(cfg), "git_rev": git_revision(),
-            "methods": {r["method"]: r for r in rows}}  # fmt: skip
+    rows = {r.method: summarise(r, bag_steps) for r in runs}
+    bootstrap = add_speedups(rows, runs)
+    say("\n" + format_summary(list(rows.values()), bootstrap))
+    result = {"bag": str(bag), "out": str(out), "config": dataclasses.asdict(cfg), "git_rev": git_revision(),
+              "methods": rows}  # fmt: skip
+    if bootstrap is not None:
+        result["bootstrap"] = bootstrap
+    return result
 
 
 @dataclass

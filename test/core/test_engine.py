@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from heisd_ros.core.config import ConfigError, DecoderConfig, FusedMetricConfig, VerifySkipConfig
+from heisd_ros.core.config import ConfigError, DecoderConfig, FusedMetricConfig, SourceChoiceConfig, VerifySkipConfig
 from heisd_ros.core.engine import HybridDecoder
 from heisd_ros.core.errors import DatabaseUnavailableError, EmptyDatabaseError, InvalidObservationError, UnknownTaskError
 from heisd_ros.core.types import Observation
@@ -246,3 +246,73 @@ def test_instruction_change_resets_the_window_and_the_skip_state(vla, drafter, d
     assert dec.skip.consecutive_skips == 0 and dec.f_live is not None
     modes = [dec.step(other)[1].mode for _ in range(2)]
     assert modes[0] == "drafter" and modes[1] in ("retrieval", "skip")  # retrieval is back with 3 positions
+
+
+FORWARD_COSTS = SourceChoiceConfig(cost_signal="forwards", min_retrieval_steps=3, probe_every_steps=5)
+
+
+def _scrambled_store(vla, ar, helpers):
+    """The demo database's observations with action tokens moved half the bin range away (gripper
+    included): every draft is rejected at its first token, as with another operator's demonstrations."""
+    from heisd_ros.core.config import StoreConfig
+    from heisd_ros.store.factory import make_store
+    from heisd_ros.store.schema import DemoPoint
+
+    first = vla.action_tokenizer.first_token_id
+    store = make_store(StoreConfig(backend="local"), obs_dim=vla.vision_backbone.out_dim * 2, feat_dim=vla.hidden_size,
+                       create=True)  # fmt: skip
+    points = []
+    for seed in range(12):
+        obs = helpers.random_obs(seed)
+        tokens = tuple(first + (t - first + 128) % 256 for t in helpers.ar_tokens(ar, obs))
+        feat = np.random.default_rng(seed).normal(size=vla.hidden_size).astype(np.float32)
+        points.append(DemoPoint(dataset="s", task=obs.instruction, instruction=obs.instruction, episode=seed, step=0,
+                                obs=helpers.query(vla, obs), feat=feat, feat_prev=feat, action=np.zeros(7),
+                                action_tokens=tokens, ee_pos=obs.ee_pos))  # fmt: skip
+    store.upsert(points)
+    return store
+
+
+def _episode(decoder, helpers, n_steps=24):
+    """n_steps over the database's observations, the hand moving 1 mm per step (F defined from step 3)."""
+    out = []
+    decoder.reset(helpers.random_obs(0).instruction)
+    for i in range(n_steps):
+        obs = helpers.random_obs(i % 12)
+        obs.ee_pos = np.array([0.001 * i, 0.0, 0.1])
+        out.append(decoder.step(obs)[1])
+    return out
+
+
+def test_mismatched_database_costs_no_more_forwards_than_the_drafter(vla, drafter, ar, helpers):
+    store = _scrambled_store(vla, ar, helpers)
+    on = _episode(_heisd(vla, drafter, store, source_choice=FORWARD_COSTS), helpers)
+    off = _episode(_heisd(vla, drafter, store, source_choice=SourceChoiceConfig(enabled=False)), helpers)
+    plain = _episode(HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter), helpers)
+    store.close()
+    runs = {"on": on, "off": off, "drafter": plain}
+    fwd = {name: np.mean([s.llm_forwards for s in run]) for name, run in runs.items()}
+    assert fwd["on"] <= fwd["drafter"] + 0.25, fwd
+    # A rejected draft still fixes the prefill's own token, so forwards alone tie (the random test
+    # drafter needs 7 either way); what mismatched retrieval adds is the query, the extra views and
+    # the tree's width, charged here as half a forward per retrieval-mode step.
+    cost = {name: np.mean([s.llm_forwards + 0.5 * (s.mode != "drafter") for s in run]) for name, run in runs.items()}
+    assert cost["on"] <= cost["drafter"] + 0.15 < cost["off"], cost
+    assert all(s.mode == "retrieval" for s in off[2:]) and all(s.tokens_per_forward[0] == 1 for s in off[2:])
+    reasons = [s.source_reason for s in on]
+    assert reasons[:2] == ["no_window"] * 2 and reasons[2:5] == ["learning"] * 3
+    # after learning, retrieval only on probes (every 5th step routed away)
+    assert reasons[5:] == (["retrieval_costlier"] * 4 + ["probe"]) * 3 + ["retrieval_costlier"] * 4
+    assert [s.mode for s in on if s.source_reason == "retrieval_costlier"] == ["drafter"] * 16
+
+
+def test_matching_database_keeps_retrieving_and_skipping(vla, drafter, demo_store, helpers):
+    """On the database that holds these observations' own tokens, retrieval (verified in one forward,
+    or skipped) stays cheaper than the drafter: the adaptive choice changes no step."""
+    skip = VerifySkipConfig(min_similarity=-1.0, min_similarity_bounds=(-1.0, 1.0), max_distance_m=0.2)
+    on = _episode(_heisd(vla, drafter, demo_store, verify_skip=skip, source_choice=FORWARD_COSTS), helpers)
+    off = _episode(_heisd(vla, drafter, demo_store, verify_skip=skip, source_choice=SourceChoiceConfig(enabled=False)),
+                   helpers)  # fmt: skip
+    assert [s.mode for s in on] == [s.mode for s in off] and [s.tokens for s in on] == [s.tokens for s in off]
+    assert {s.source_reason for s in on[5:]} == {"retrieval_cheaper"}
+    assert sum(s.mode == "skip" for s in on) >= 6

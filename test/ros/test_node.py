@@ -413,7 +413,6 @@ def _flood(rig, seconds: float, rate_hz: float):
     rig.instruct("pick up the red bowl")
     time.sleep(0.1)
     k0 = len(rig.received_at)
-    lat_newest = []
     end = time.monotonic() + seconds
     period = 1.0 / rate_hz
     nxt = time.monotonic()

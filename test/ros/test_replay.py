@@ -99,6 +99,8 @@ def test_fast_replay_one_command_per_synchronised_step(bag, tmp_path):
     row = result["methods"]["heisd"]
     assert row["bag_steps"] == 12 and row["decoded_steps"] == 12 and row["commands"] == 12 and row["timeouts"] == 0
     assert row["mode_mix"] == {"drafter": 6, "retrieval": 6} and row["forwards_per_step"] == 2.0
+    assert row["mean_step_ms"] == row["p99_step_ms"] == 6.0 and row["episodes"] == 1
+    assert row["accept_length"] == row["tokens_per_forward_verified"] == 3.5 and "speedup_vs_ar" not in row
     assert result["git_rev"] and result["config"]["fast"]
     got = _read(Path(cfg.out))
     cmds = [m for t, m in got["/arm_command"]]
@@ -112,17 +114,42 @@ def test_fast_replay_one_command_per_synchronised_step(bag, tmp_path):
 
 def test_several_methods_on_sqlite_bag(tmp_path):
     src = tmp_path / "in_sqlite"
-    make_bag(src, MakeBagConfig(steps=6, storage="sqlite3", seed=4))
+    make_bag(src, MakeBagConfig(episodes=2, steps=3, storage="sqlite3", seed=4))
     cfg = _cfg(tmp_path, methods=("ar", "heisd"))
     result = rp.replay(src, cfg, decoder_factory=Decoder)
     assert set(result["methods"]) == {"ar", "heisd"}
     assert result["methods"]["ar"]["forwards_per_step"] == 7.0 and result["methods"]["ar"]["decoded_steps"] == 6
-    assert result["methods"]["heisd"]["decoded_steps"] == 6
+    heisd = result["methods"]["heisd"]
+    assert heisd["decoded_steps"] == 6 and heisd["episodes"] == 2
+    # the scripted decoder: ar 21 ms, heisd 6 ms on every step of both episodes
+    assert heisd["speedup_vs_ar"] == pytest.approx(3.5) and heisd["speedup_vs_ar_ci95"] == pytest.approx([3.5, 3.5])
+    assert result["bootstrap"]["episodes"] == 2 and result["bootstrap"]["paired"]
     got = _read(Path(cfg.out))
     assert len(got["/ar/arm_command"]) == 6 and len(got["/heisd/arm_command"]) == 6
     assert {m.method for _, m in got["/ar/decode_stats"]} == {"ar"}
-    table = rp.format_summary(list(result["methods"].values()))
-    assert "ar" in table and "heisd" in table
+    table = rp.format_summary(list(result["methods"].values()), result["bootstrap"])
+    assert "ar" in table and "heisd 3.50x [3.50, 3.50]" in table
+
+
+def test_episodes_and_speedup_of_a_one_episode_bag():
+    """Episodes split where the node's step_id starts again; one episode gives no interval."""
+    from types import SimpleNamespace
+
+    from heisd_ros.ros.playback import MethodRun
+
+    def run(method, ids, ms):
+        return MethodRun(method, stats=[(0.0, SimpleNamespace(step_id=i, total_ms=t, mode="ar", llm_forwards=7,
+                                                              skipped=False)) for i, t in zip(ids, ms)])
+
+    two = run("ar", [1, 2, 3, 1, 2], [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert rp.episode_step_ms(two) == [[1.0, 2.0, 3.0], [4.0, 5.0]]
+    runs = [run("ar", [1, 2], [20.0, 20.0]), run("heisd", [1, 2], [5.0, 15.0])]
+    rows = {r.method: rp.summarise(r, 2) for r in runs}
+    meta = rp.add_speedups(rows, runs)
+    assert rows["heisd"]["speedup_vs_ar"] == 2.0 and rows["heisd"]["median_speedup_vs_ar"] == 2.0
+    assert rows["heisd"]["speedup_vs_ar_ci95"] is None and "no bootstrap interval" in meta["note"]
+    assert "heisd 2.00x no interval (1 episode)" in rp.format_summary(list(rows.values()), meta)
+    assert rp.add_speedups({"heisd": {}}, runs[1:]) is None
 
 
 def test_compressed_bag(tmp_path):
@@ -174,11 +201,11 @@ def test_cli_rejects_bad_arguments(bag, tmp_path, capsys):
 
 # --- untrusted bags: random and damaged files give a clear error, never a crash -------------------
 
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
+import shutil
+import tempfile
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,17 @@ def test_bench_reports_every_method_and_strict_methods_match_ar(tiny_dir, tmp_pa
     report = json.loads(out.read_text())
     for method in ("ar", "drafter", "specvla", "retrieval", "heisd"):
         r = report[method]
-        for key in ("median_step_ms", "forwards_per_step", "accept_length", "speedup_vs_ar", "tokens_identical_to_ar"):
+        for key in ("mean_step_ms", "median_step_ms", "p95_step_ms", "p99_step_ms", "forwards_per_step",
+                    "accept_length", "tokens_per_forward_verified", "speedup_vs_ar", "speedup_vs_ar_ci95",
+                    "median_speedup_vs_ar", "tokens_identical_to_ar"):
             assert key in r, (method, key)
         assert r["steps"] == 24
+        assert r["speedup_vs_ar"] == pytest.approx(report["ar"]["mean_step_ms"] / r["mean_step_ms"])
+        lo, hi = r["speedup_vs_ar_ci95"]  # two input episodes (one per tiny task)
+        assert lo <= hi
     assert report["ar"]["forwards_per_step"] == 7.0 and report["ar"]["accept_length"] == 1.0
+    assert report["ar"]["tokens_per_forward_verified"] == 1.0 and report["ar"]["speedup_vs_ar_ci95"] == [1.0, 1.0]
+    assert report["_meta"]["bootstrap"]["episodes"] == 2
     for strict in ("drafter", "retrieval"):
         assert report[strict]["tokens_identical_to_ar"] is True
     assert report["drafter"]["forwards_per_step"] < 7.0

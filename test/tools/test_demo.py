@@ -49,6 +49,8 @@ def test_demo_runs_methods_side_by_side(small_tiny, tmp_path, capsys):
         assert rows[m]["timeouts"] == 0
     assert rows["ar"]["forwards_per_step"] == 7.0 and set(rows["ar"]["mode_mix"]) == {"ar"}
     assert rows["heisd"]["forwards_per_step"] < 7.0
+    assert rows["heisd"]["speedup_vs_ar"] == pytest.approx(rows["ar"]["mean_step_ms"] / rows["heisd"]["mean_step_ms"])
+    assert rows["heisd"]["speedup_vs_ar_ci95"] is None and "no interval (1 episode)" in printed  # a one-episode bag
     assert set(rows["heisd"]["mode_mix"]) <= {"drafter", "retrieval", "skip"}
     run_dir = Path(result["run_dir"])
     assert (run_dir / "input").is_dir() and (run_dir / "output").is_dir() and (run_dir / "result.json").is_file()

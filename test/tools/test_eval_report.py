@@ -10,16 +10,12 @@ from pathlib import Path
 import pytest
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.figures import wilson_interval
 from heisd_ros.tools.eval_libero import EvalLiberoConfig, main
-from heisd_ros.tools.eval_policies import TimedStore
+from heisd_ros.tools.eval_markdown import markdown
 from heisd_ros.tools.eval_plots import write_plots
-from heisd_ros.tools.eval_report import (
-    ResultLog,
-    build_report,
-    markdown,
-    summarise_method,
-    wilson_interval,
-)
+from heisd_ros.tools.eval_policies import TimedStore
+from heisd_ros.tools.eval_report import ResultLog, build_report, summarise_method
 
 
 def _step(t: int, mode: str, ms: float, tpf: list[int], skipped: bool = False, tokens=(1,) * 7) -> dict:
@@ -49,13 +45,21 @@ def test_summary_figures() -> None:
     report = build_report(_run(), ["ar", "heisd"], {"suite": "libero_object"})
     ar, h = report["ar"], report["heisd"]
     assert ar["success_rate"] == 0.5 and ar["forwards_per_step"] == 7 and ar["accept_length"] == 1
-    assert ar["median_step_ms"] == 40.0 and ar["speedup_vs_ar"] == 1.0
-    # heisd cycles: 4,3 | 7 | skip=7 | 3,4 | (1 x 7) x 2 | skip=7 | 3,4 -> 20 cycles, 49 tokens... counted exactly:
+    assert ar["mean_step_ms"] == ar["median_step_ms"] == ar["p99_step_ms"] == 40.0 and ar["speedup_vs_ar"] == 1.0
+    assert ar["speedup_vs_ar_ci95"] == [1.0, 1.0] and ar["tokens_per_forward_verified"] == 1.0
+    # heisd cycles: 4,3 | 7 | skip=7 | 3,4 | (1 x 7) x 2 | skip=7 | 3,4: 23 cycles fixing 56 tokens,
+    # i.e. 7 x 8 steps / (21 forwards + 2 skips); on the 6 verified steps 7 x 6 / 21 forwards
     cycles = [4, 3, 7, 7, 3, 4] + [1] * 14 + [7, 3, 4]
-    assert h["accept_length"] == pytest.approx(sum(cycles) / len(cycles))
+    assert h["accept_length"] == pytest.approx(sum(cycles) / len(cycles)) == pytest.approx(56 / 23)
+    assert h["tokens_per_forward_verified"] == pytest.approx(2.0)
     assert h["accept_length_hist"]["7"] == 3 and h["skip_rate"] == pytest.approx(2 / 8)
     assert h["forwards_per_step"] == pytest.approx((2 + 1 + 0 + 2 + 7 + 7 + 0 + 2) / 8)
-    assert h["speedup_vs_ar"] == pytest.approx(40.0 / h["median_step_ms"])
+    # heisd steps 20, 10, 4, 12 | 40, 40, 4, 12: mean 17.75, median 12; ar 40 throughout
+    assert h["mean_step_ms"] == 17.75 and h["speedup_vs_ar"] == pytest.approx(40.0 / 17.75)
+    assert h["median_speedup_vs_ar"] == pytest.approx(40.0 / 12.0)
+    lo, hi = h["speedup_vs_ar_ci95"]  # two paired episodes: 40/24 (episode 1 twice) .. 40/11.5 (episode 0 twice)
+    assert lo == pytest.approx(40 / 24) and hi == pytest.approx(40 / 11.5)
+    assert report["_meta"]["bootstrap"]["paired"] and report["_meta"]["bootstrap"]["episodes"] == 2
     assert h["per_task_success"]["0"]["success_rate"] == 1.0 and h["per_task_success"]["1"]["success_rate"] == 0.0
     assert h["episodes_identical_to_ar"] == 0.0 and not h["lossless"] and ar["lossless"]
     lat = report["_meta"]["retrieval_latency_ms"]
@@ -68,7 +72,9 @@ def test_summary_figures() -> None:
     assert h["skip_checks"] == {"skip": 2, "no_live_feature": 1, "too_far": 2} and not ar["skip_checks"]
     text = markdown(report)
     assert "- `heisd`: skip 40%, too_far 40%, no_live_feature 20% (5 steps)" in text
-    assert "| heisd | 50% (1/2)" in text and "Retrieval latency" in text and "missed" in text
+    assert "| heisd | 50% (1/2; 9%-91%) | 17.8 | 2.25x | [1.67, 3.48] | 12.0 | 3.33x |" in text
+    assert "Retrieval latency" in text and "mean step >= 2.5x faster than ar: missed (2.25x" in text
+    assert "p95 step >= 1.5x faster than ar" in text and "Accept length (the paper's)" in text
     json.dumps(report, allow_nan=False)  # strict JSON (NaN written as null)
 
 
@@ -79,13 +85,17 @@ def test_empty_method_and_wilson() -> None:
     assert lo == 0.0 and 0.2 < hi < 0.35
     report = build_report(_run(), ["heisd"], {})
     assert report["_meta"]["acceptance"]["evaluated"] is False and report["heisd"]["speedup_vs_ar"] is None
+    assert report["heisd"]["speedup_vs_ar_ci95"] is None and "note" in report["_meta"]["bootstrap"]
+    one = build_report(_run()[:2], ["ar", "heisd"], {})  # one (task, init state) episode: no interval
+    assert one["heisd"]["speedup_vs_ar_ci95"] is None and "no interval (1 episode)" in markdown(one)
 
 
 def test_plots(tmp_path: Path) -> None:
     episodes = _run()
     report = build_report(episodes, ["ar", "heisd"], {"model": {"decoder_config": {"fused_metric": {"tau": 0.5}}}})
     files = write_plots(report, episodes, tmp_path)
-    assert len(files) == 5 and all(Path(f).stat().st_size > 1000 for f in files)
+    assert {Path(f).name for f in files} == {"step_latency.png", "accept_length.png", "mode_timeline.png"}
+    assert all(Path(f).stat().st_size > 1000 for f in files)
 
 
 def test_log_resume_cut_line_and_key(tmp_path: Path) -> None:

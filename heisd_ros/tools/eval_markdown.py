@@ -1,0 +1,148 @@
+"""The Markdown form of a `heisd eval-libero` report (`eval_report.build_report`): what ran, the
+per-method, per-task and per-mode tables, retrieval latency and the targets. Means come first,
+medians and tails after them under their own names (the figures: `heisd_ros.pipeline.figures`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from heisd_ros.pipeline.figures import interval_text
+
+
+def _f(x: Any, fmt: str = ".2f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+FOOTNOTE = [
+    "", "Definitions:", "",
+    "- Step latency: the wall time of `HybridDecoder.step` (vision, retrieval, drafting, verification,",
+    "  detokenisation); the simulator is not included. pN: numpy's linear-interpolation percentile over all steps.",
+    "- Speedup vs ar = mean ar step / mean step (a ratio of means); its 95 % interval is a percentile bootstrap",
+    "  over episodes (the (task, init state) pairs drawn with replacement, one draw for ar and the method).",
+    "  Median speedup = median ar step / median step. CPU speedup: the same ratio of means on the process CPU",
+    "  time of the call (immune to preemption by other processes).",
+    "- Accept length (the paper's): tokens per decoding cycle, a cycle being one verification forward or one",
+    "  skipped step (a skip fixes all 7 tokens in one cycle) = 7 x steps / (LLM forwards + skipped steps).",
+    "- Tokens/forward (verified) = 7 x verified (not skipped) steps / LLM forwards on those steps.",
+    "- Success interval: 95 % Wilson score interval.", ""]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: what ran, the per-method and per-task tables, latency and targets."""
+    meta = report["_meta"]
+    methods = [m for m in report if not m.startswith("_")]
+    out = _md_header(meta) + _md_methods(report, methods, meta.get("bootstrap", {}))
+    out += _md_tasks(report, methods) + _md_modes(report, methods) + _md_latency(meta["retrieval_latency_ms"])
+    out += _md_targets(meta["acceptance"]) + FOOTNOTE
+    return "\n".join(out)
+
+
+def _md_header(meta: dict[str, Any]) -> list[str]:
+    out = [f"# LIBERO closed-loop evaluation: {meta.get('suite', '')}", ""]
+    out += [f"Command: `{meta.get('command', '')}`", ""]
+    runs = [x for x in meta.get("invocations", []) if x.get("episodes_run")]
+    if runs:  # the invocations that ran the episodes (one per shard), in log order
+        out += ["Episodes run by:", ""] + [f"- `{x['command']}` ({x['episodes_run']} episodes, git "
+                                          f"`{str(x.get('git_rev', ''))[:10]}`)" for x in runs] + [""]
+    out += [(f"Subset: tasks {meta.get('tasks')}, init states {meta.get('init_states')} "
+             f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
+             f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "
+             f"git `{str(meta.get('git_rev', ''))[:10]}`."), ""]
+    return out
+
+
+def _success(r: dict[str, Any]) -> str:
+    lo, hi = r["success_rate_ci95"]
+    return f"{_f(r['success_rate'], '.0%')} ({r['successes']}/{r['episodes']}; {_f(lo, '.0%')}-{_f(hi, '.0%')})"
+
+
+def _md_methods(report: dict[str, Any], methods: list[str], boot: dict[str, Any]) -> list[str]:
+    n = boot.get("episodes")
+    out = [f"Speedup interval: 95 % bootstrap over {n} episodes, {boot.get('resamples')} resamples, seed "
+           f"{boot.get('seed')}" + ("" if boot.get("paired", True) else " (unpaired)") + ".", ""] if n else []
+    out += [("| method | success (95 % CI) | mean step ms | speedup vs ar (mean) | speedup 95 % CI | median ms "
+             "| median speedup | p95 ms | p99 ms | CPU speedup | LLM fwd/step | accept length | tokens/forward (verified) "
+             "| modes |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in methods:
+        r = report[m]
+        modes = ", ".join(f"{k} {v:.0%}" for k, v in r["mode_mix"].items())
+        out.append(f"| {m} | {_success(r)} | {_f(r['mean_step_ms'], '.1f')} | {_f(r['speedup_vs_ar'])}x | "
+                   f"{interval_text(r.get('speedup_vs_ar_ci95'), n_episodes=n)} | {_f(r['median_step_ms'], '.1f')} | "
+                   f"{_f(r['median_speedup_vs_ar'])}x | {_f(r['p95_step_ms'], '.1f')} | {_f(r['p99_step_ms'], '.1f')} | "
+                   f"{_f(r['speedup_vs_ar_cpu'])}x | {_f(r['forwards_per_step'])} | {_f(r['accept_length'])} | "
+                   f"{_f(r['tokens_per_forward_verified'])} | {modes} |")
+    return out
+
+
+def _md_tasks(report: dict[str, Any], methods: list[str]) -> list[str]:
+    tasks = sorted({t for m in methods for t in report[m]["per_task_success"]}, key=int)
+    out = ["", "Success per task:", "", "| task | instruction | " + " | ".join(methods) + " |",
+           "|---|---|" + "---|" * len(methods)]
+    for t in tasks:
+        instr = next(report[m]["per_task_success"][t]["instruction"] for m in methods
+                     if t in report[m]["per_task_success"])
+        cells = []
+        for m in methods:
+            c = report[m]["per_task_success"].get(t)
+            cells.append(f"{c['successes']}/{c['episodes']}" if c else "-")
+        out.append(f"| {t} | {instr} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _md_modes(report: dict[str, Any], methods: list[str]) -> list[str]:
+    """Step time per mode against its floor, and the verify-skip verdicts."""
+    out = ["", ("Step time per mode against its floor (vision + projector + retrieval + first LLM forward); "
+                "mean ratio = mean step / mean floor:"), "",
+           ("| method | mode | steps | mean ms | mean floor ms | mean ratio to floor | median ms | median floor ms "
+            "| median ratio to floor |"), "|---|---|---|---|---|---|---|---|---|"]
+    for m in methods:
+        for mode, p in report[m].get("modes", {}).items():
+            out.append(f"| {m} | {mode} | {p['steps']} | {_f(p.get('mean_step_ms'), '.1f')} | "
+                       f"{_f(p.get('mean_floor_ms'), '.1f')} | {_f(p.get('mean_ratio_to_floor'))} | "
+                       f"{_f(p['median_step_ms'], '.1f')} | {_f(p['median_floor_ms'], '.1f')} | "
+                       f"{_f(p['median_ratio_to_floor'])} |")
+    checks = {m: report[m].get("skip_checks") for m in methods if report[m].get("skip_checks")}
+    if checks:
+        out += ["", "Verify-skip verdicts of the best hit on retrieval steps (why a step was, or was not, skipped):", ""]
+        for m, c in checks.items():
+            total = sum(c.values())
+            out.append(f"- `{m}`: " + ", ".join(f"{k} {v / total:.0%}" for k, v in c.items()) + f" ({total} steps)")
+    return out
+
+
+def _dist(v: dict[str, Any]) -> str:
+    return (f"mean {_f(v.get('mean'), '.2f')} ms, median {_f(v.get('median'), '.2f')} ms, "
+            f"p95 {_f(v.get('p95'), '.2f')} ms, p99 {_f(v.get('p99'), '.2f')} ms")
+
+
+def _md_latency(lat: dict[str, Any]) -> list[str]:
+    out = ["", f"Retrieval latency (Top-5, task-filtered, {lat['n']} queries): {_dist(lat)} ({lat['what']})."]
+    inrun = lat.get("in_run_top5", {})
+    if lat.get("probe_top5", {}).get("n") and inrun.get("n"):
+        out.append(f"heisd's own Top-5 queries during the episodes: {inrun['n']}, {_dist(inrun)}.")
+    for m, v in lat.get("by_method", {}).items():
+        out.append(f"- `{m}` store.search (Top-{v['top_k']}) inside its steps: {v['n']} queries, {_dist(v)}")
+    return out
+
+
+def _md_targets(acc: dict[str, Any]) -> list[str]:
+    if not acc.get("evaluated"):
+        return []
+    yes = {True: "met", False: "missed"}
+    ci = acc.get("heisd_speedup_vs_ar_ci95")
+
+    def rate(name: str) -> str:
+        lo, hi = acc.get(f"{name}_success_rate_ci95") or (None, None)
+        return f"{name} {_f(acc[f'{name}_success_rate'], '.0%')} ({_f(lo, '.0%')}-{_f(hi, '.0%')})"
+
+    return ["", "Targets (heisd vs ar, same run):", "",
+            (f"- success within 5 points of ar: {yes[acc['success_within_5_points']]} ({rate('ar')}, {rate('heisd')})"
+             + ("" if acc.get("success_comparison_meaningful", True) else
+                " -- vacuous: neither method solved an episode")),
+            (f"- mean step >= 2.5x faster than ar: {yes[acc['speedup_at_least_2.5x']]} "
+             f"({_f(acc['heisd_speedup_vs_ar'])}x, 95 % CI {interval_text(ci)})"),
+            (f"- p95 step >= 1.5x faster than ar: {yes[acc['p95_speedup_at_least_1.5x']]} "
+             f"({_f(acc['heisd_p95_speedup_vs_ar'])}x)"),
+            (f"- accept length (the paper's) >= 4.5 tokens per cycle: {yes[acc['accept_length_at_least_4.5']]} "
+             f"({_f(acc['heisd_accept_length'])})")]
