@@ -4,7 +4,10 @@ Vision on two views (batched vs one call per view), the prompt prefill (the lean
 the model's own forward), the fused prefill-verify forward (prompt + 35 tree tokens) and one decode
 on the KV cache. Random images, the model's real weights.
 
-    python benchmarks/micro.py --model artifacts/tiny/model [--json benchmarks/micro_tiny.json]
+    python benchmarks/micro.py --model artifacts/tiny/model [--json benchmarks/micro.json --key tiny]
+
+With --json, the figures go under --key in that file (its other keys are kept: one report holds
+the tiny model's and the mini VLA's).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -88,13 +92,16 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="artifacts/tiny/model")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default="")
+    p.add_argument("--key", default="tiny", help="the entry of --json the figures go under")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     res = run(args.model)
     print(json.dumps(res, indent=2))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": args.model, "threads": args.threads, **res}, f, indent=2)
+        path = Path(args.json)
+        report = json.loads(path.read_text()) if path.is_file() else {}
+        report[args.key] = {"model": args.model, "threads": args.threads, **res}
+        path.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -7,6 +7,8 @@ Usage:
     python benchmarks/soak.py --model-dir artifacts/mini_vla --drafter-dir artifacts/mini_drafter \
         --db-path artifacts/mini_db --calibration-path artifacts/mini_calibration.json --views 2 \
         --demos A_demo.hdf5,B_demo.hdf5 --steps-per-episode 110 [--out benchmarks/node_rss_mini.json]
+    python benchmarks/soak.py --hostile --views 2 --duration-s 330 [--calm-s 10 --burst-s 5]
+    python benchmarks/soak.py --vs-bench [--node-threads 1] [--duration-s 120]
 
 The node runs as its own process (`python -m heisd_ros.ros.node`, as deployed) on the tiny policy
 (`artifacts/tiny`, built on first use; with 3 views a matching 3-view database is derived from it
@@ -23,6 +25,18 @@ first and the second half of the run (a backlog would make it grow), decode time
 mix, RSS at start (after warm-up) and end, its maximum and slope, the node's peak RSS over its whole
 life (VmHWM, loading included), the database's point count, the node's exit code after SIGINT
 and whether it died before (crashes). Writes JSON with the config, git revision and figures.
+
+--hostile (the fuzz run): after the warm-up, calm_s of the valid load and burst_s of random contents
+on every input topic (benchmarks/hostile.py) alternate, in a raw-image leg and a compressed-image leg
+(each its own node process, duration_s measured). Adds per burst the time from its end to the first
+command decoded from input stamped after it, RSS at the end of every calm phase against the first,
+the longest silence of /diagnostics, what was published, and the node log's tracebacks and longest
+line. Written under 'hostile' of --out.
+
+--vs-bench: `heisd bench` (tiny policy, --threads bench_threads), the same decoders paced at the
+control rate, then the node on two views streaming for duration_s per method of bench_methods, then
+bench again; the node's decode time (DecodeStats total_ms, the decoder's own latency_ms['total'], as
+bench's step time) over both. Written under 'node_vs_bench' of --out.
 """
 
 from __future__ import annotations
@@ -62,7 +76,8 @@ class SoakConfig:
     control_rate_hz: float = 10.0
     method: str = "heisd"
     tiny_dir: str = "artifacts/tiny"
-    domain_id: int = 71
+    domain_id: int = 90
+    """ROS domain of the node and the load (the tests use 61-72)."""
     seed: int = 100
     """Seed of the played (held-out) episodes; the database holds the tiny build's own."""
     steps_per_episode: int = 40
@@ -79,6 +94,24 @@ class SoakConfig:
     rss_period_s: float = 5.0
     out: str = "benchmarks/soak.json"
     node_log: str = "artifacts/soak_node.log"
+    compressed: bool = False
+    """Publish the views as PNG sensor_msgs/CompressedImage on `<view>/image_raw/compressed`."""
+    node_threads: int = 0
+    """The node's torch threads (OMP_NUM_THREADS; 0 = torch's default, one per core)."""
+    hostile: bool = False
+    """Fuzz mode: calm_s of valid streaming, then burst_s of random contents on every input topic
+    (benchmarks/hostile.py), repeated; a raw-image and a compressed-image leg of duration_s each,
+    without expected_image_* (frames of any size reach the node); the report goes under 'hostile'."""
+    calm_s: float = 10.0
+    burst_s: float = 5.0
+    vs_bench: bool = False
+    """Node vs bench: `heisd bench` on the tiny policy (--threads bench_threads), then the node on
+    two views for duration_s per method of bench_methods and per vs_node_threads, then bench again;
+    under 'node_vs_bench'."""
+    bench_methods: str = "ar,heisd"
+    bench_threads: int = 1
+    vs_node_threads: str = "1,0"
+    """The node's torch threads in the --vs-bench runs (as node_threads; 0 = torch's default)."""
 
     def __post_init__(self) -> None:
         if self.views not in (2, 3):
@@ -161,6 +194,29 @@ class Frame:
     images: list[np.ndarray]
     ee_pos: np.ndarray
     instruction: str
+    encoded: list[bytes] = dataclasses.field(default_factory=list)
+    """The views as PNG (compressed runs)."""
+
+
+def encode_frames(episodes: list[list[Frame]]) -> None:
+    """PNG-encode every view of every frame once (before the run, so the load costs no encoding)."""
+    import io
+
+    from PIL import Image as PILImage
+
+    cache: dict[int, bytes] = {}
+    for ep in episodes:
+        for frame in ep:
+            for img in frame.images:
+                if id(img) not in cache:
+                    buf = io.BytesIO()
+                    PILImage.fromarray(np.ascontiguousarray(img)).save(buf, format="PNG")
+                    cache[id(img)] = buf.getvalue()
+            frame.encoded = [cache[id(img)] for img in frame.images]
+
+
+def image_topic(cfg: SoakConfig, view: str) -> str:
+    return f"{view}/image_raw/compressed" if cfg.compressed else f"{view}/image_raw"
 
 
 def episode_frames(cfg: SoakConfig, image_size: int) -> list[list[Frame]]:
@@ -213,11 +269,11 @@ class Driver:
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from geometry_msgs.msg import PoseStamped
+        from heisd_ros.msg import ArmCommand, DecodeStats
         from rclpy.executors import SingleThreadedExecutor
-        from sensor_msgs.msg import Image
+        from sensor_msgs.msg import CompressedImage, Image
         from std_msgs.msg import Bool, String
 
-        from heisd_ros.msg import ArmCommand, DecodeStats
         from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS
 
         self.cfg = cfg
@@ -230,11 +286,17 @@ class Driver:
         self.stats: list[tuple[float, float, str]] = []  # (arrival s, total ms, mode)
         self.diag: dict[str, str] = {}
         self.diag_levels: list[tuple[float, int, str]] = []
+        self.diag_times: list[float] = []  # arrivals of the policy's diagnostics while recording
+        self.bursts: list[list[float]] = []  # [start, end] of each hostile burst, node clock s
+        self._bursting = False
+        self._next_extra = {"instruction": 0.0, "result": 0.0}
         self.recording = False
         n.create_subscription(ArmCommand, "arm_command", self._on_cmd, EVENT_QOS)
         n.create_subscription(DecodeStats, "decode_stats", self._on_stats, EVENT_QOS)
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, EVENT_QOS)
-        self.pub_img = [n.create_publisher(Image, f"{v}/image_raw", SENSOR_QOS) for v in cfg.view_names]
+        self.CompressedImage = CompressedImage
+        image_type = CompressedImage if cfg.compressed else Image
+        self.pub_img = [n.create_publisher(image_type, image_topic(cfg, v), SENSOR_QOS) for v in cfg.view_names]
         self.pub_pose = n.create_publisher(PoseStamped, "ee_pose", SENSOR_QOS)
         self.pub_instr = n.create_publisher(String, "instruction", LATCHED_QOS)
         self.pub_result = n.create_publisher(Bool, "episode_result", EVENT_QOS)
@@ -264,14 +326,17 @@ class Driver:
             if st.name.endswith(": policy"):
                 with self.lock:
                     self.diag = {kv.key: kv.value for kv in st.values}
+                    if self.recording:
+                        self.diag_times.append(self.now())
                     if self.recording and st.level[0] > 0:
                         self.diag_levels.append((self.now(), st.level[0], st.message))
 
     def connected(self) -> bool:
         return all(p.get_subscription_count() > 0 for p in [*self.pub_img, self.pub_pose, self.pub_instr])
 
-    def play(self, episodes: list[list[Frame]], seconds: float, stop: threading.Event) -> None:
-        """Camera frames at camera_hz, poses at pose_hz, one control step of the episode per 1/control_rate."""
+    def play(self, episodes: list[list[Frame]], seconds: float, stop: threading.Event, hostile=None) -> None:
+        """Camera frames at camera_hz, poses at pose_hz, one control step of the episode per 1/control_rate;
+        with `hostile` (a hostile.Hostile), its bursts replace every stream (see `_in_burst`)."""
         from heisd_ros.ros import conversions as conv
 
         cfg = self.cfg
@@ -287,10 +352,14 @@ class Driver:
             ep_i, k = divmod(k_total, cfg.steps_per_episode)
             ep = episodes[ep_i % len(episodes)]
             frame = ep[k]
-            if frame.instruction != instruction:
+            burst = hostile is not None and self._in_burst(now - t0)
+            if burst:
+                instruction = None  # the valid one is published again when the burst ends
+                self._burst_extras(hostile, now)
+            elif frame.instruction != instruction:
                 instruction = frame.instruction
                 self.pub_instr.publish(self.String(data=instruction))
-            if ep_i != result_sent and k == 0 and ep_i > 0:
+            if ep_i != result_sent and k == 0 and ep_i > 0 and not burst:
                 self.pub_result.publish(self.Bool(data=True))  # the previous episode ended
                 self.published["episodes"] += 1
                 result_sent = ep_i
@@ -298,15 +367,51 @@ class Driver:
             if now >= next_pose:
                 frac = ((now - t0) / step_s) % 1.0
                 nxt = ep[min(k + 1, len(ep) - 1)].ee_pos
-                self.pub_pose.publish(conv.position_to_pose(frame.ee_pos + frac * (nxt - frame.ee_pos), stamp))
+                pos = frame.ee_pos + frac * (nxt - frame.ee_pos)
+                self.pub_pose.publish(hostile.pose(pos, stamp, now) if burst else conv.position_to_pose(pos, stamp))
                 self.published["poses"] += 1
                 next_pose += 1.0 / cfg.pose_hz
             if now >= next_cam:
-                for pub, img, name in zip(self.pub_img, frame.images, cfg.view_names):
-                    pub.publish(conv.rgb_to_image(img, stamp, name))
+                for i, (pub, name) in enumerate(zip(self.pub_img, cfg.view_names)):
+                    pub.publish(hostile.image(name, stamp, now) if burst else self._frame_msg(frame, i, stamp, name))
                 self.published["images"] += len(self.pub_img)
                 next_cam += 1.0 / cfg.camera_hz
             time.sleep(max(0.0, min(next_cam, next_pose) - time.monotonic()))
+
+    def _frame_msg(self, frame: Frame, i: int, stamp: float, name: str):
+        from heisd_ros.ros import conversions as conv
+
+        if not self.cfg.compressed:
+            return conv.rgb_to_image(frame.images[i], stamp, name)
+        msg = self.CompressedImage(format="png", data=frame.encoded[i])
+        msg.header.stamp, msg.header.frame_id = conv.s_to_stamp(stamp), name
+        return msg
+
+    def _in_burst(self, t: float) -> bool:
+        """After the warm-up: calm_s of valid input, then burst_s of hostile input, repeated; transitions
+        are recorded in `bursts` (node clock)."""
+        cfg = self.cfg
+        u = t - cfg.warmup_s
+        active = u >= 0 and u % (cfg.calm_s + cfg.burst_s) >= cfg.calm_s
+        if active != self._bursting:
+            self._bursting = active
+            with self.lock:
+                if active:
+                    self.bursts.append([self.now(), float("nan")])
+                else:
+                    self.bursts[-1][1] = self.now()
+        return active
+
+    def _burst_extras(self, hostile, now: float) -> None:
+        """Hostile instructions and episode results, at their own rates."""
+        from hostile import INSTRUCTION_PERIOD_S, RESULT_PERIOD_S
+
+        if now >= self._next_extra["instruction"]:
+            self.pub_instr.publish(self.String(data=hostile.instruction(now)))
+            self._next_extra["instruction"] = now + INSTRUCTION_PERIOD_S
+        if now >= self._next_extra["result"]:
+            self.pub_result.publish(self.Bool(data=hostile.result()))
+            self._next_extra["result"] = now + RESULT_PERIOD_S
 
     def close(self) -> None:
         import rclpy
@@ -328,17 +433,30 @@ def _rss_mb(pid: int, field: str = "VmRSS") -> float:
     return float("nan")
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used, s."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def start_node(cfg: SoakConfig, paths: dict[str, str], image_size: int = 64) -> subprocess.Popen:
     views = cfg.view_names
     params = {**paths, "decoder.method": cfg.method, "control_rate_hz": float(cfg.control_rate_hz),
-              "decoder.views": list(views), "image_topics": [f"{v}/image_raw" for v in views],
-              "expected_image_height": image_size, "expected_image_width": image_size, "diagnostics_period_s": 1.0}  # fmt: skip
+              "decoder.views": list(views), "image_topics": [image_topic(cfg, v) for v in views],
+              "compressed_images": cfg.compressed, "diagnostics_period_s": 1.0}  # fmt: skip
+    if not cfg.hostile:
+        params.update({"expected_image_height": image_size, "expected_image_width": image_size})
     cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", str(REPO / "config" / "policy.yaml")]
     for k, v in params.items():
         cmd += ["-p", f"{k}:={json.dumps(v)}"]
     log_path = Path(cfg.node_log)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ROS_DOMAIN_ID": str(cfg.domain_id), "PYTHONUNBUFFERED": "1"}
+    if cfg.node_threads > 0:
+        env.update({"OMP_NUM_THREADS": str(cfg.node_threads), "MKL_NUM_THREADS": str(cfg.node_threads)})
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -350,12 +468,18 @@ def run(cfg: SoakConfig, say=print) -> dict:
     paths = prepare(cfg, say)
     db_points = _db_points(paths["db_path"])
     frames = episode_frames(cfg, 64)
+    if cfg.compressed:
+        encode_frames(frames)
     image_size = int(frames[0][0].images[0].shape[0])
+    hostile = None
+    if cfg.hostile:
+        from hostile import Hostile
+
+        instructions = sorted({f.instruction for ep in frames for f in ep})
+        hostile = Hostile(cfg.seed, image_size, cfg.compressed, instructions)
     driver = Driver(cfg)
     proc = start_node(cfg, paths, image_size)
     stop = threading.Event()
-    rss: list[tuple[float, float]] = []
-    crashed_at, hwm = None, float("nan")
     try:
         end = time.monotonic() + 120
         while not driver.connected() and proc.poll() is None and time.monotonic() < end:
@@ -364,36 +488,14 @@ def run(cfg: SoakConfig, say=print) -> dict:
             raise RuntimeError(f"the node did not come up (exit {proc.poll()}); see {cfg.node_log}")
         say(f"soak: node pid {proc.pid} up; warm-up {cfg.warmup_s:.0f} s, then {cfg.duration_s:.0f} s measured")
         # the load goes on a little past the measured window, so the last diagnostics still see it
-        player = threading.Thread(target=driver.play, args=(frames, cfg.warmup_s + cfg.duration_s + 10, stop),
+        player = threading.Thread(target=driver.play, args=(frames, cfg.warmup_s + cfg.duration_s + 10, stop, hostile),
                                   daemon=True)  # fmt: skip
         player.start()
         time.sleep(cfg.warmup_s)
-        driver.recording = True
-        t_start = time.monotonic()
-        with driver.lock:
-            diag0 = dict(driver.diag)
-        next_report = t_start + 30
-        while time.monotonic() - t_start < cfg.duration_s:
-            rss.append((time.monotonic() - t_start, _rss_mb(proc.pid)))
-            if proc.poll() is not None and crashed_at is None:
-                crashed_at = time.monotonic() - t_start
-                say(f"soak: the node exited with {proc.returncode} after {crashed_at:.0f} s")
-                break
-            if time.monotonic() >= next_report:
-                next_report += 30
-                with driver.lock:
-                    n = len(driver.commands)
-                say(f"soak: {time.monotonic() - t_start:5.0f} s  commands {n}  rss {rss[-1][1]:.0f} MB  "
-                    f"dropped {driver.diag.get('dropped_ticks')}  rejected {driver.diag.get('rejected')}")
-            time.sleep(min(cfg.rss_period_s, max(0.05, t_start + cfg.duration_s - time.monotonic())))
-        measured_s = time.monotonic() - t_start
-        driver.recording = False
-        time.sleep(2.5)  # diagnostics covering the end of the window (the load is still on)
-        hwm = _rss_mb(proc.pid, "VmHWM")
-        with driver.lock:
-            diag = dict(driver.diag)
+        m = _measure(cfg, driver, proc, say)
     finally:
         stop.set()
+        t_stop = time.monotonic()
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
@@ -401,10 +503,55 @@ def run(cfg: SoakConfig, say=print) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        stop_s = time.monotonic() - t_stop
         driver.close()
-    result = _report(cfg, driver, diag0, diag, rss, measured_s, proc.returncode, crashed_at)
-    result["rss_mb"]["vmhwm"] = hwm
+    result = _report(cfg, driver, m["diag0"], m["diag"], m["rss"], m["measured_s"], proc.returncode, m["crashed_at"])
+    result["rss_mb"]["vmhwm"] = m["hwm"]
+    result["shutdown_s"] = round(stop_s, 2)
+    result["cpu_cores_used"] = m["cpu_cores_used"]  # CPU s per s measured: the node, this process (the load)
+    if hostile is not None:
+        from hostile import burst_figures, log_figures
+
+        bursts = [(s, e) for s, e in driver.bursts if np.isfinite(e) and e + cfg.calm_s <= m["end_node_s"]]
+        result["hostile"] = burst_figures(bursts, driver.commands, driver.diag_times, m["rss"], m["start_node_s"],
+                                          cfg.calm_s, m["end_node_s"])  # fmt: skip
+        result["hostile"]["published"] = dict(sorted(hostile.counts.items()))
+        result["node_log"] = log_figures(cfg.node_log)
     return {**result, "paths": paths, "db_points": db_points, "image_size": image_size}
+
+
+def _measure(cfg: SoakConfig, driver: Driver, proc: subprocess.Popen, say) -> dict:
+    """Record for duration_s: RSS every rss_period_s, progress every 30 s; stop early if the node exits."""
+    rss: list[tuple[float, float]] = []
+    crashed_at = None
+    driver.recording = True
+    t_start, start_node_s = time.monotonic(), driver.now()
+    cpu0 = (_cpu_s(proc.pid), _cpu_s(os.getpid()))
+    with driver.lock:
+        diag0 = dict(driver.diag)
+    next_report = t_start + 30
+    while time.monotonic() - t_start < cfg.duration_s:
+        rss.append((time.monotonic() - t_start, _rss_mb(proc.pid)))
+        if proc.poll() is not None and crashed_at is None:
+            crashed_at = time.monotonic() - t_start
+            say(f"soak: the node exited with {proc.returncode} after {crashed_at:.0f} s")
+            break
+        if time.monotonic() >= next_report:
+            next_report += 30
+            with driver.lock:
+                n = len(driver.commands)
+            say(f"soak: {time.monotonic() - t_start:5.0f} s  commands {n}  rss {rss[-1][1]:.0f} MB  "
+                f"dropped {driver.diag.get('dropped_ticks')}  rejected {driver.diag.get('rejected')}")
+        time.sleep(min(cfg.rss_period_s, max(0.05, t_start + cfg.duration_s - time.monotonic())))
+    measured_s, end_node_s = time.monotonic() - t_start, driver.now()
+    cpu = {"node": (_cpu_s(proc.pid) - cpu0[0]) / measured_s, "load": (_cpu_s(os.getpid()) - cpu0[1]) / measured_s}
+    driver.recording = False
+    time.sleep(2.5)  # diagnostics covering the end of the window (the load is still on)
+    with driver.lock:
+        diag = dict(driver.diag)
+    return {"rss": rss, "crashed_at": crashed_at, "diag0": diag0, "diag": diag, "measured_s": measured_s,
+            "hwm": _rss_mb(proc.pid, "VmHWM"), "start_node_s": start_node_s, "end_node_s": end_node_s,
+            "cpu_cores_used": cpu}  # fmt: skip
 
 
 def _counts(text: str) -> dict[str, int]:
@@ -443,12 +590,12 @@ def _report(cfg, driver, diag0, diag, rss, measured_s, exit_code, crashed_at) ->
         "load_average_at_end": list(os.getloadavg()),
         "measured_s": round(measured_s, 2),
         "published": dict(driver.published),
-        "commands": int(len(cmds)),
+        "commands": len(cmds),
         "command_rate_hz": len(cmds) / measured_s if measured_s else float("nan"),
         "control_rate_hz": cfg.control_rate_hz,
         "command_rate_ratio": len(cmds) / measured_s / cfg.control_rate_hz if measured_s else float("nan"),
         "longest_gap_between_commands_s": float(gaps.max()) if len(gaps) else float("nan"),
-        "decoded_steps": int(len(decode)),
+        "decoded_steps": len(decode),
         "dropped_ticks": _since(diag0, diag, "dropped_ticks"),
         "rejected": {k: v - _counts(diag0.get("rejected", "")).get(k, 0)
                      for k, v in _counts(diag.get("rejected", "")).items()
@@ -462,8 +609,10 @@ def _report(cfg, driver, diag0, diag, rss, measured_s, exit_code, crashed_at) ->
         "command_age_ms": {"p50": _pct(age_ms, 50), "p95": _pct(age_ms, 95), "p99": _pct(age_ms, 99),
                            "max": float(age_ms.max()) if len(age_ms) else float("nan"),
                            "first_half_p50": _pct(age_ms[:half], 50), "second_half_p50": _pct(age_ms[half:], 50)},
-        "decode_ms": {"p50": _pct(decode, 50), "p95": _pct(decode, 95), "p99": _pct(decode, 99),
-                      "max": float(decode.max()) if len(decode) else float("nan")},
+        "decode_ms": {"mean": float(decode.mean()) if len(decode) else float("nan"), "p50": _pct(decode, 50),
+                      "p95": _pct(decode, 95), "p99": _pct(decode, 99),
+                      "max": float(decode.max()) if len(decode) else float("nan"),
+                      "mean_by_mode": {m: float(np.mean([ms for _, ms, mm in driver.stats if mm == m])) for m in modes}},
         "node_diag_latency_ms": {"median": diag.get("latency_median_ms"), "p95": diag.get("latency_p95_ms")},
         "rss_mb": {"start": float(rss_arr[0, 1]) if len(rss_arr) else float("nan"),
                    "end": float(rss_arr[-1, 1]) if len(rss_arr) else float("nan"),
@@ -475,16 +624,149 @@ def _report(cfg, driver, diag0, diag, rss, measured_s, exit_code, crashed_at) ->
     }  # fmt: skip
 
 
+REPORT_KEYS = ("hostile", "node_vs_bench")
+"""Entries of the soak report written by the other modes (a plain soak keeps them)."""
+
+
+def write_report(path: str, result: dict, key: str = "") -> None:
+    """Write `result` to `path`: under `key`, or at the top level keeping the REPORT_KEYS entries."""
+    out = Path(path)
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    new = {**old, key: result} if key else {**result, **{k: old[k] for k in REPORT_KEYS if k in old}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(new, indent=1) + "\n")
+
+
+def run_hostile(cfg: SoakConfig, say=print) -> dict:
+    """The fuzz run: a raw-image leg, then a compressed-image leg (each its own node process)."""
+    legs = {}
+    for compressed in (False, True):
+        name = "compressed" if compressed else "raw"
+        say(f"soak: hostile leg {name}")
+        log = str(Path(cfg.node_log).with_name(f"{Path(cfg.node_log).stem}_hostile_{name}.log"))
+        legs[name] = run(dataclasses.replace(cfg, compressed=compressed, node_log=log), say)
+    return {"git_rev": git_revision(), "git_dirty": _dirty(), "legs": legs,
+            "crashes": sum(leg["crashes"] for leg in legs.values())}  # fmt: skip
+
+
+def _dirty() -> list[str]:
+    """Uncommitted changes under heisd_ros/ (the node that ran is the working tree's)."""
+    out = subprocess.run(["git", "status", "--short", "heisd_ros"], check=False, cwd=REPO, capture_output=True, text=True)
+    return out.stdout.splitlines()
+
+
+def _bench(cfg: SoakConfig, say) -> dict:
+    """`heisd bench` on the tiny policy: mean / median / p95 step per method of cfg.bench_methods."""
+    out = Path(cfg.node_log).with_name("soak_bench.json")
+    cmd = [str(Path(sys.executable).with_name("heisd")), "bench", "--model", "tiny", "--tiny-dir", cfg.tiny_dir,
+           "--methods", cfg.bench_methods, "--episodes", "2", "--threads", str(cfg.bench_threads), "--json", str(out)]
+    say("soak: " + " ".join(cmd[1:]))
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+    rep = json.loads(out.read_text())
+    figures = ("mean_step_ms", "median_step_ms", "p95_step_ms", "mode_mix")
+    return {"command": " ".join(["heisd", *cmd[1:]]),
+            **{m: {k: rep[m][k] for k in figures} for m in cfg.bench_methods.split(",")}}  # fmt: skip
+
+
+def paced_bench(tiny_dir: str, methods: list[str], threads: int, period_s: float) -> dict:
+    """`heisd bench`'s decoders and observations (tiny policy, seed 0), one method after the other,
+    each step started one control period after the previous one (sleeping in between), as a
+    control loop decodes; mean / median / p95 of the decoder's `latency_ms['total']`, first 3 steps out."""
+    import torch
+
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.policy import PolicyPaths, load_policy
+    from heisd_ros.tools.bench import tiny_observations
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    base = load_policy(PolicyPaths("tiny", "", "", "", tiny_cache_dir=tiny_dir), DecoderConfig(method="heisd"))
+    episodes = tiny_observations(1000, 2, 40)
+    out = {}
+    try:
+        for m in methods:
+            dec = HybridDecoder(base.vla, dataclasses.replace(base.cfg, method=m), store=base.store,
+                                drafter=base.drafter, state_prior=base.state_prior)  # fmt: skip
+            ms = []
+            for episode in episodes:
+                dec.reset(episode[0].instruction)
+                for obs in episode:
+                    t0 = time.monotonic()
+                    ms.append(dec.step(obs)[1].latency_ms["total"])
+                    time.sleep(max(0.0, period_s - (time.monotonic() - t0)))
+            a = np.array(ms[3:])
+            out[m] = {"mean_step_ms": float(a.mean()), "median_step_ms": float(np.median(a)), "p95_step_ms": _pct(a, 95)}
+    finally:
+        base.store.close()
+    return out
+
+
+def _paced(cfg: SoakConfig, say) -> dict:
+    """paced_bench in a fresh process (it opens the database the node opens next)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    say(f"soak: paced bench at {cfg.control_rate_hz:g} Hz")
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        args = (cfg.tiny_dir, cfg.bench_methods.split(","), cfg.bench_threads, 1.0 / cfg.control_rate_hz)
+        return {"threads": cfg.bench_threads, "period_s": 1.0 / cfg.control_rate_hz,
+                **pool.submit(paced_bench, *args).result()}  # fmt: skip
+
+
+def run_vs_bench(cfg: SoakConfig, say=print) -> dict:
+    """Bench, the node streaming two views per method, bench again; ratios of the node's decode time
+    (DecodeStats total_ms) to bench's step time, both the decoder's own `latency_ms['total']`."""
+    cfg = dataclasses.replace(cfg, views=2)
+    before, paced = _bench(cfg, say), _paced(cfg, say)
+    node, methods = {}, {}
+    for threads in (int(t) for t in cfg.vs_node_threads.split(",")):
+        for method in cfg.bench_methods.split(","):
+            key = f"{method} node_threads={threads or 'default'}"
+            r = run(dataclasses.replace(cfg, method=method, node_threads=threads), say)
+            node[key] = {k: r[k] for k in ("decode_ms", "mode_mix", "decoded_steps", "command_rate_hz", "dropped_ticks",
+                                           "cpu_cores_used", "load_average_at_end")}  # fmt: skip
+            methods[key] = method
+    after = _bench(cfg, say)
+    ratios, paced_ratios = {}, {}
+    for key, m in methods.items():
+        bench_mean = (before[m]["mean_step_ms"] + after[m]["mean_step_ms"]) / 2
+        bench_median = (before[m]["median_step_ms"] + after[m]["median_step_ms"]) / 2
+        ratios[key] = {"mean": node[key]["decode_ms"]["mean"] / bench_mean,
+                       "median": node[key]["decode_ms"]["p50"] / bench_median}  # fmt: skip
+        paced_ratios[key] = {"mean": node[key]["decode_ms"]["mean"] / paced[m]["mean_step_ms"],
+                             "median": node[key]["decode_ms"]["p50"] / paced[m]["median_step_ms"]}  # fmt: skip
+    return {"git_rev": git_revision(), "git_dirty": _dirty(), "cpu_count": os.cpu_count(),
+            "bench_threads": cfg.bench_threads, "bench_before": before, "paced_bench": paced, "node": node,
+            "bench_after": after, "node_over_bench": ratios, "node_over_paced_bench": paced_ratios}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     d = SoakConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for f in dataclasses.fields(SoakConfig):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(d, f.name)), default=getattr(d, f.name))
+        default = getattr(d, f.name)
+        if isinstance(default, bool):
+            p.add_argument(f"--{f.name.replace('_', '-')}", action="store_true", default=default)
+        else:
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default)
     args = p.parse_args(argv)
     cfg = SoakConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SoakConfig)})
-    result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), **run(cfg)}
-    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(cfg.out).write_text(json.dumps(result, indent=1) + "\n")
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    if cfg.hostile or cfg.vs_bench:
+        result = {"command": command, **(run_hostile(cfg) if cfg.hostile else run_vs_bench(cfg))}
+        write_report(cfg.out, result, "hostile" if cfg.hostile else "node_vs_bench")
+        short = {k: v for k, v in result.items() if k != "legs"}
+        if cfg.hostile:
+            short["legs"] = {n: {"crashes": leg["crashes"], "node_exit_code": leg["node_exit_code"],
+                                 **{k: leg["hostile"][k] for k in ("bursts", "bursts_resumed", "resume_s",
+                                                                   "rss_steady_mb", "rss_after_calm_max_excess_mb")},
+                                 "rss_mb": {k: v for k, v in leg["rss_mb"].items() if k != "samples"},
+                                 "node_log": leg["node_log"]} for n, leg in result["legs"].items()}  # fmt: skip
+        print(json.dumps(short, indent=1))
+        return 0 if result.get("crashes", 0) == 0 else 1
+    result = {"command": command, **run(cfg)}
+    write_report(cfg.out, result)
     short = {k: result[k] for k in ("db_points", "measured_s", "commands", "command_rate_hz", "dropped_ticks", "rejected",
                                     "command_age_ms", "decode_ms", "mode_mix", "node_exit_code", "crashes")}  # fmt: skip
     short["rss_mb"] = {k: v for k, v in result["rss_mb"].items() if k != "samples"}

@@ -17,6 +17,11 @@ class InvalidObservationError(HeisdError, ValueError):
     """An observation cannot be acted on: wrong image shape/dtype, NaN pose, missing view."""
 
 
+class InputLimitError(InvalidObservationError):
+    """An input lies beyond a configured limit (instruction length, frame size, workspace, pose jump);
+    it is refused before any work is spent on it."""
+
+
 class UnknownTaskError(HeisdError, KeyError):
     """The instruction/task has no entry where one is required (database partition, norm stats)."""
 

@@ -18,7 +18,7 @@ import torch
 
 from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats, select_stats
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
-from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE
+from heisd_ros.models.text_tokenizer import PROMPT_CACHE_SIZE, PROMPT_TEMPLATE, prompt_text
 
 LLAMA2_VOCAB = 32000
 EMPTY_TOKEN_ID = 29871
@@ -39,6 +39,7 @@ class OpenVLAAdapter:
         self.norm_stats = norm_stats
         self.unnorm_key = unnorm_key
         self._prompt_cache: dict[str, list[int]] = {}
+        self._patch_tokens: int | None = None
 
     @property
     def hidden_size(self) -> int:
@@ -68,15 +69,44 @@ class OpenVLAAdapter:
     query_dim = None
     """The retrieval query pools every channel (the fused backbone does not say its width)."""
 
-    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
-                      gripper_gap: float | None = None) -> torch.Tensor:
+    def _prompt_ids(self, instruction: str) -> list[int]:
         ids = self._prompt_cache.get(instruction)
         if ids is None:
-            text = PROMPT_TEMPLATE.format(instruction=instruction.strip().lower().rstrip("."))
+            if len(self._prompt_cache) >= PROMPT_CACHE_SIZE:
+                self._prompt_cache.clear()
+            text = PROMPT_TEMPLATE.format(instruction=prompt_text(instruction))
             ids = list(self.processor.tokenizer(text)["input_ids"]) + [EMPTY_TOKEN_ID]
             self._prompt_cache[instruction] = ids
+        return ids
+
+    def prompt_embeds(self, instruction: str, visual: torch.Tensor, state=None,
+                      gripper_gap: float | None = None) -> torch.Tensor:
+        ids = self._prompt_ids(instruction)
         emb = self.get_input_embeddings()(torch.tensor(ids, device=self.device))
         return torch.cat([emb[:1], visual.to(emb.dtype), emb[1:]], dim=0)[None]
+
+    # -- input limits (what a caller checks before a step) ----------------------------------------
+    @property
+    def input_hw(self) -> tuple[int, int] | None:
+        """(height, width) the processor resizes every view to (None: it does not say)."""
+        sizes = getattr(self.processor.image_processor, "input_sizes", None)
+        return (int(sizes[0][1]), int(sizes[0][2])) if sizes else None
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.language_model.config.max_position_embeddings)
+
+    def instruction_tokens(self, instruction: str) -> int:
+        """Tokens of the instruction alone, by the checkpoint's own tokenizer."""
+        return len(self.processor.tokenizer(prompt_text(instruction), add_special_tokens=False)["input_ids"])
+
+    def prompt_length(self, instruction: str) -> int:
+        """Positions of the prompt: BOS, the primary view's patch tokens, text, the appended token."""
+        if self._patch_tokens is None:  # measured once on a blank frame
+            hw = self.input_hw or (224, 224)
+            with torch.inference_mode():
+                self._patch_tokens = int(self.vision_backbone(self.preprocess([np.zeros((*hw, 3), np.uint8)])).shape[1])
+        return len(self._prompt_ids(instruction)) + self._patch_tokens
 
     def get_input_embeddings(self):
         return self.language_model.get_input_embeddings()

@@ -8,6 +8,14 @@ from typing import Protocol
 
 PROMPT_TEMPLATE = "In: What action should the robot take to {instruction}?\nOut:"
 """OpenVLA's prompt (docs/design.md §3)."""
+PROMPT_CACHE_SIZE = 64
+"""Prompts a model keeps tokenised; beyond that the cache starts over (instructions come from the
+network, so it must not grow without bound)."""
+
+
+def prompt_text(instruction: str) -> str:
+    """The instruction as it enters the prompt (OpenVLA's normalisation: lower case, no final full stop)."""
+    return instruction.strip().lower().rstrip(".")
 
 
 class TextTokenizer(Protocol):
@@ -15,6 +23,10 @@ class TextTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, starting with BOS."""
+        ...
+
+    def count(self, text: str) -> int:
+        """How many tokens `text` alone becomes (no BOS, nothing appended)."""
         ...
 
 
@@ -37,6 +49,9 @@ class HashWordTokenizer:
         words = self._word.findall(text.lower())
         return [self.bos_id] + [3 + zlib.crc32(w.encode()) % self.n_text_ids for w in words]
 
+    def count(self, text: str) -> int:
+        return len(self._word.findall(text.lower()))
+
 
 class HFTokenizer:
     """A `transformers` tokenizer loaded from a local directory (never from a hub)."""
@@ -52,3 +67,6 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         ids = list(self._tok(text, add_special_tokens=False)["input_ids"])
         return [self.bos_id] + ids + self._append
+
+    def count(self, text: str) -> int:
+        return len(self._tok(text, add_special_tokens=False)["input_ids"])

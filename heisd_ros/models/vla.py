@@ -22,7 +22,8 @@ from torch import nn
 
 from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats, select_stats
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
-from heisd_ros.models.text_tokenizer import PROMPT_TEMPLATE, HFTokenizer, TextTokenizer
+from heisd_ros.models.text_tokenizer import (PROMPT_CACHE_SIZE, PROMPT_TEMPLATE, HFTokenizer, TextTokenizer,
+                                             prompt_text)
 
 GAP_SCALE_M = 0.04
 """The finger gap enters the state token as gap / 0.04 m: 0 (closed) to ~2 (a Panda hand fully open,
@@ -127,6 +128,7 @@ class VLAModel(nn.Module):
         self.image_mean = 0.5
         self.image_std = 0.5
         self._prompt_cache: dict[str, tuple[int, ...]] = {}
+        self._patch_tokens: int | None = None
 
     # -- shapes -------------------------------------------------------------------------------
     @property
@@ -185,9 +187,40 @@ class VLAModel(nn.Module):
     def _prompt_ids(self, instruction: str) -> tuple[int, ...]:
         ids = self._prompt_cache.get(instruction)
         if ids is None:
-            text = PROMPT_TEMPLATE.format(instruction=instruction.strip().lower().rstrip("."))
+            if len(self._prompt_cache) >= PROMPT_CACHE_SIZE:
+                self._prompt_cache.clear()
+            text = PROMPT_TEMPLATE.format(instruction=prompt_text(instruction))
             ids = self._prompt_cache[instruction] = tuple(self.text_tokenizer.encode(text))
         return ids
+
+    # -- input limits (what a caller checks before a step) ----------------------------------------
+    @property
+    def input_hw(self) -> tuple[int, int]:
+        """(height, width) every view is resized to."""
+        return (self.cfg.image_size, self.cfg.image_size)
+
+    @property
+    def max_positions(self) -> int:
+        """Positions the language model was built for (max_position_embeddings)."""
+        return int(self.language_model.config.max_position_embeddings)
+
+    def instruction_tokens(self, instruction: str) -> int:
+        """Tokens of the instruction alone, as it enters the prompt."""
+        return self.text_tokenizer.count(prompt_text(instruction))
+
+    def prompt_length(self, instruction: str) -> int:
+        """Positions of the prompt `prompt_embeds` builds: BOS, visual tokens, state token, text."""
+        return len(self._prompt_ids(instruction)) + self.prompt_views * self.patch_tokens + int(
+            self.state_projector is not None)
+
+    @property
+    def patch_tokens(self) -> int:
+        """Patch tokens per view (measured once on a blank frame of the input size)."""
+        if self._patch_tokens is None:
+            blank = np.zeros((*self.input_hw, 3), dtype=np.uint8)
+            with torch.inference_mode():
+                self._patch_tokens = int(self.vision_backbone(self.preprocess([blank])).shape[1])
+        return self._patch_tokens
 
     @property
     def prompt_views(self) -> int:

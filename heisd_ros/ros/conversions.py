@@ -6,7 +6,11 @@ reason; nothing else escapes (a malformed frame must never crash the node).
 
 Images become RGB uint8 arrays [H, W, 3]; poses become positions [3] in metres. Raw images are
 converted with numpy (rows are read with the message's `step`, so padded rows are fine);
-compressed images are decoded by the first installed decoder of `COMPRESSED_DECODERS`.
+compressed images are decoded by the first installed decoder of `COMPRESSED_DECODERS`. A frame's
+size is checked from its header before a single pixel is decoded or copied (raw: height, width
+and the data length; compressed: the image header), against `max_pixels` and an optional
+`check(height, width)` of the caller (the node's input limits), so an 8000x8000 PNG of a few KB
+costs a header parse, not a gigabyte.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from heisd_ros.core.errors import InvalidObservationError
+from heisd_ros.core.errors import InputLimitError, InvalidObservationError
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, StepStats
 
 # encoding -> (channels, index of R, G, B within a pixel; None for mono)
@@ -31,7 +35,11 @@ RAW_ENCODINGS: dict[str, tuple[int, tuple[int, int, int] | None]] = {
 }
 SUPPORTED_ENCODINGS = tuple(RAW_ENCODINGS)
 MAX_IMAGE_PIXELS = 8192 * 8192
-"""Frames larger than this are rejected before any allocation."""
+"""Frames larger than this are rejected before any allocation, whatever the caller allows."""
+COMPRESSED_FORMATS = ("PNG", "JPEG")
+"""The only image formats the compressed decoder parses (image_transport writes nothing else)."""
+SizeCheck = Callable[[int, int], None]
+"""(height, width) -> None, or InvalidObservationError: called before any pixel is decoded."""
 
 # ---------------------------------------------------------------------------------------------
 # time
@@ -65,11 +73,14 @@ def _buffer(data: Any) -> np.ndarray:
             raise InvalidObservationError(f"image data is not a byte buffer: {err}") from err
 
 
-def _check_size(height: int, width: int, expected_hw: tuple[int, int] | None) -> None:
+def _check_size(height: int, width: int, expected_hw: tuple[int, int] | None, max_pixels: int = MAX_IMAGE_PIXELS,
+                check: SizeCheck | None = None) -> None:  # fmt: skip
     if height <= 0 or width <= 0:
         raise InvalidObservationError(f"empty image {height}x{width}")
-    if height * width > MAX_IMAGE_PIXELS:
-        raise InvalidObservationError(f"image {height}x{width} exceeds {MAX_IMAGE_PIXELS} pixels")
+    if check is not None:  # first: the caller's limits name themselves in the reason
+        check(height, width)
+    if height * width > min(max_pixels, MAX_IMAGE_PIXELS):
+        raise InvalidObservationError(f"image {height}x{width} exceeds {min(max_pixels, MAX_IMAGE_PIXELS)} pixels")
     if expected_hw is not None and (height, width) != tuple(expected_hw):
         raise InvalidObservationError(
             f"wrong image size {height}x{width}, expected {expected_hw[0]}x{expected_hw[1]} (HxW)"
@@ -77,21 +88,25 @@ def _check_size(height: int, width: int, expected_hw: tuple[int, int] | None) ->
 
 
 def raw_to_rgb(
-    data: Any, height: int, width: int, encoding: str, step: int, expected_hw: tuple[int, int] | None = None
+    data: Any, height: int, width: int, encoding: str, step: int, expected_hw: tuple[int, int] | None = None,
+    max_pixels: int = MAX_IMAGE_PIXELS, check: SizeCheck | None = None,
 ) -> np.ndarray:
     """Raw pixel rows -> RGB uint8 [H, W, 3] (a fresh, contiguous array).
 
-    `step` is the row length in bytes (>= width * channels; extra bytes are padding).
+    `step` is the row length in bytes (>= width * channels; extra bytes are padding, at most 4
+    bytes per pixel in all). The size is checked before the data is touched.
     """
     height, width, step = int(height), int(width), int(step)
     if encoding not in RAW_ENCODINGS:
         raise InvalidObservationError(
-            f"unsupported image encoding {encoding!r}; supported: {', '.join(SUPPORTED_ENCODINGS)}"
+            f"unsupported image encoding {_short(encoding)}; supported: {', '.join(SUPPORTED_ENCODINGS)}"
         )
-    _check_size(height, width, expected_hw)
+    _check_size(height, width, expected_hw, max_pixels, check)
     channels, order = RAW_ENCODINGS[encoding]
     if step < width * channels:
         raise InvalidObservationError(f"row step {step} < width {width} x {channels} channels ({encoding})")
+    if step > 4 * width + 64:  # padding aligns rows; more than this is a malformed header
+        raise InvalidObservationError(f"row step {step} is implausible for width {width} ({encoding})")
     buf = _buffer(data)
     if buf.size != step * height:
         kind = "truncated" if buf.size < step * height else "oversized"
@@ -104,20 +119,28 @@ def raw_to_rgb(
     return np.ascontiguousarray(pixels[:, :, list(order)])
 
 
-def image_to_rgb(msg: Any, expected_hw: tuple[int, int] | None = None) -> np.ndarray:
+def image_to_rgb(msg: Any, expected_hw: tuple[int, int] | None = None, max_pixels: int = MAX_IMAGE_PIXELS,
+                 check: SizeCheck | None = None) -> np.ndarray:  # fmt: skip
     """sensor_msgs/Image -> RGB uint8 [H, W, 3]."""
-    return raw_to_rgb(msg.data, msg.height, msg.width, msg.encoding, msg.step, expected_hw)
+    return raw_to_rgb(msg.data, msg.height, msg.width, msg.encoding, msg.step, expected_hw, max_pixels, check)
 
 
-def _decode_pil(data: bytes) -> np.ndarray:
+def _short(text: str, limit: int = 40) -> str:
+    """repr() of at most `limit` characters of a message's string field."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def _decode_pil(data: bytes, check: SizeCheck) -> np.ndarray:
     from PIL import Image as PILImage
 
     try:
-        with PILImage.open(io.BytesIO(data)) as img:
+        # open() parses the header only; the pixels are decoded by load(), after the size check.
+        with PILImage.open(io.BytesIO(data), formats=COMPRESSED_FORMATS) as img:
+            check(img.height, img.width)
             img.load()
-            if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise InvalidObservationError(f"compressed image {img.width}x{img.height} too large")
             return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+    except InvalidObservationError:  # the size check's own verdict (a ValueError too)
+        raise
     # Pillow reports corrupt input through several exception types, none of them a common base.
     except (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error,
             PILImage.DecompressionBombError) as err:  # fmt: skip
@@ -130,13 +153,14 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-COMPRESSED_DECODERS: dict[str, tuple[Callable[[], bool], Callable[[bytes], np.ndarray]]] = {
+COMPRESSED_DECODERS: dict[str, tuple[Callable[[], bool], Callable[[bytes, SizeCheck], np.ndarray]]] = {
     "pillow": (lambda: _has_module("PIL"), _decode_pil),
 }
-"""name -> (is installed?, decode(bytes) -> RGB uint8 [H, W, 3]); the first installed one is used."""
+"""name -> (is installed?, decode(bytes, check) -> RGB uint8 [H, W, 3]); the first installed one is
+used. A decoder calls check(height, width) with the header's size before decoding any pixel."""
 
 
-def compressed_decoder() -> tuple[str, Callable[[bytes], np.ndarray]] | None:
+def compressed_decoder() -> tuple[str, Callable[[bytes, SizeCheck], np.ndarray]] | None:
     """The first installed compressed-image decoder, or None."""
     for name, (available, decode) in COMPRESSED_DECODERS.items():
         if available():
@@ -144,34 +168,41 @@ def compressed_decoder() -> tuple[str, Callable[[bytes], np.ndarray]] | None:
     return None
 
 
-def compressed_to_rgb(msg: Any, expected_hw: tuple[int, int] | None = None) -> np.ndarray:
+def compressed_to_rgb(msg: Any, expected_hw: tuple[int, int] | None = None, max_pixels: int = MAX_IMAGE_PIXELS,
+                      check: SizeCheck | None = None) -> np.ndarray:  # fmt: skip
     """sensor_msgs/CompressedImage (jpeg or png, as image_transport writes it) -> RGB uint8 [H, W, 3].
 
     The decoder reads the format from the bytes; `msg.format` is only checked to name the codec.
+    More compressed bytes than the largest raw frame could hold are refused unread.
     """
     fmt = str(msg.format).lower()
     if "jpeg" not in fmt and "jpg" not in fmt and "png" not in fmt:
-        raise InvalidObservationError(f"unsupported compressed format {msg.format!r}: expected jpeg or png")
+        raise InvalidObservationError(f"unsupported compressed format {_short(msg.format)}: expected jpeg or png")
     found = compressed_decoder()
     if found is None:
         raise InvalidObservationError(
             "no compressed-image decoder is installed (install Pillow, or publish raw sensor_msgs/Image)"
         )
-    data = _buffer(msg.data).tobytes()
-    if not data:
+    raw = _buffer(msg.data)
+    if not raw.size:
         raise InvalidObservationError("empty compressed image")
-    rgb = found[1](data)
+    limit = 4 * min(max_pixels, MAX_IMAGE_PIXELS)
+    if raw.size > limit:
+        raise InvalidObservationError(f"compressed image of {raw.size} bytes exceeds {limit} bytes")
+    rgb = found[1](raw.tobytes(), lambda h, w: _check_size(h, w, expected_hw, max_pixels, check))
     if rgb.ndim != 3 or rgb.shape[2] != 3:
         raise InvalidObservationError(f"decoder returned shape {rgb.shape}, expected [H, W, 3]")
-    _check_size(rgb.shape[0], rgb.shape[1], expected_hw)
+    _check_size(rgb.shape[0], rgb.shape[1], expected_hw, max_pixels)
     return rgb
 
 
-def msg_to_rgb(msg: Any, expected_hw: tuple[int, int] | None = None) -> np.ndarray:
-    """Image or CompressedImage -> RGB uint8 [H, W, 3]."""
+def msg_to_rgb(msg: Any, expected_hw: tuple[int, int] | None = None, max_pixels: int = MAX_IMAGE_PIXELS,
+               check: SizeCheck | None = None) -> np.ndarray:  # fmt: skip
+    """Image or CompressedImage -> RGB uint8 [H, W, 3]; the size (checked against `expected_hw`,
+    `max_pixels` and `check`) is read from the header before any pixel is decoded."""
     if hasattr(msg, "encoding"):
-        return image_to_rgb(msg, expected_hw)
-    return compressed_to_rgb(msg, expected_hw)
+        return image_to_rgb(msg, expected_hw, max_pixels, check)
+    return compressed_to_rgb(msg, expected_hw, max_pixels, check)
 
 
 def rgb_to_image(rgb: np.ndarray, stamp_s: float, frame_id: str = "", encoding: str = "rgb8") -> Any:
@@ -198,6 +229,40 @@ def rgb_to_image(rgb: np.ndarray, stamp_s: float, frame_id: str = "", encoding: 
     msg.step = int(rgb.shape[1] * channels)
     msg.data = np.ascontiguousarray(pixels).tobytes()
     return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# strings
+
+
+CDR_ENCAPSULATIONS = {b"\x00\x00": ">", b"\x00\x01": "<", b"\x00\x06": ">", b"\x00\x07": "<"}
+"""Encapsulation ids of a serialised message (CDR and plain CDR2, big/little endian) -> byte order."""
+
+
+def string_from_cdr(raw: bytes, max_bytes: int) -> str:
+    """The text of a serialised std_msgs/String, read from the bytes themselves.
+
+    rclpy's own conversion stops at the first NUL, silently cutting the text; here a NUL inside the
+    string is refused instead (InputLimitError), as is a text of more than `max_bytes` bytes, before
+    anything is decoded. InvalidObservationError for a malformed message or text that is not UTF-8.
+    """
+    order = CDR_ENCAPSULATIONS.get(bytes(raw[:2]))
+    if order is None or len(raw) < 8:
+        raise InvalidObservationError(f"not a serialised string message ({len(raw)} bytes)")
+    (length,) = struct.unpack(f"{order}I", raw[4:8])  # counts the terminating NUL
+    if length > len(raw) - 8 or length == 0:
+        raise InvalidObservationError(f"string length {length} does not fit a message of {len(raw)} bytes")
+    if length - 1 > max_bytes:
+        raise InputLimitError(f"instruction of {length - 1} bytes exceeds max_instruction_bytes {max_bytes}: "
+                              f"{bytes(raw[8 : 8 + 60])!r}...")  # fmt: skip
+    data = bytes(raw[8 : 8 + length - 1])
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise InputLimitError(f"instruction holds control character '\\x00' at byte {nul}: {data[:80]!r}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidObservationError(f"instruction is not UTF-8: {err}") from err
 
 
 # ---------------------------------------------------------------------------------------------

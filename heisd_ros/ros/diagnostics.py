@@ -26,6 +26,8 @@ class NodeState:
     clock_resets: int
     health: tuple[bool, str]
     """(database healthy, status text) from the decoder's last health check."""
+    worker_restarts: int = 0
+    """Inference threads started after one died."""
 
 
 def horizon_s(cfg: PolicyNodeConfig) -> float:
@@ -51,7 +53,8 @@ def overall(snap: StatusSnapshot, state: NodeState, decode_ms: np.ndarray, perio
     level = max([lvl for lvl, _ in problems], default=OK)
     message = problems[-1][1] if problems else "running"
     if state.watchdog_tripped:  # withholding commands is an ERROR for as long as it lasts
-        level, message = ERROR, next((m for _, m in reversed(problems) if m.startswith("watchdog")),
+        # the newest ERROR says most (a failed step's cause, the hang, the recovery count)
+        level, message = ERROR, next((m for lvl, m in reversed(problems) if lvl == ERROR),
                                      "watchdog tripped: commands withheld")  # fmt: skip
     if len(decode_ms) and np.median(decode_ms) > period_ms and level == OK:
         level = WARN
@@ -77,6 +80,7 @@ def _values(cfg: PolicyNodeConfig, snap: StatusSnapshot, state: NodeState) -> di
         "dropped_ticks": str(snap.dropped_ticks), "clipped_commands": str(snap.clipped),
         "fallback_steps": str(snap.fallbacks), "watchdog": "tripped" if state.watchdog_tripped else "ok",
         "watchdog_trips": str(state.watchdog_trips), "clock_resets": str(state.clock_resets),
+        "worker_restarts": str(state.worker_restarts),
         "mode_mix": _pairs(snap.modes), "rejected": _pairs(snap.rejected), "last_error": snap.last_error,
         "last_error_age_s": f"{snap.last_error_age_s:.1f}" if snap.last_error else "",
         "database_healthy": str(health_ok), "database_status": health_text,

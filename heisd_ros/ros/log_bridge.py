@@ -1,4 +1,5 @@
-"""Forwarding of the decoding core's Python warnings to a ROS logger.
+"""The policy node's loggers: forwarding of the decoding core's Python warnings to ROS, and a ROS
+logger that stays quiet once its context has shut down.
 
 The core logs through Python `logging` under `heisd_ros` (calibration, verify-skip state, database
 reconnection); the node installs a `RosLogBridge` so those warnings reach /rosout.
@@ -8,6 +9,28 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+
+class GuardedLogger:
+    """A node's ROS logger (`info`, `warning`, `error`) that drops its lines once `context` is shut
+    down: a node's logger publishes to /rosout, and between the context's shutdown and the node's
+    destruction every line would fail with "Failed to publish log message to rosout"."""
+
+    def __init__(self, ros_logger: Any, context: Any) -> None:
+        self._logger, self._context = ros_logger, context
+
+    # rclpy pins one severity per call site: one call per method
+    def info(self, text: str) -> None:
+        if self._context.ok():
+            self._logger.info(text)
+
+    def warning(self, text: str) -> None:
+        if self._context.ok():
+            self._logger.warning(text)
+
+    def error(self, text: str) -> None:
+        if self._context.ok():
+            self._logger.error(text)
 
 
 class RosLogBridge(logging.Handler):

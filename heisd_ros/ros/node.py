@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import sys
 import threading
 from typing import Any, Callable
@@ -32,20 +33,23 @@ from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
 
-from heisd_ros.core.errors import HeisdError, ModelLoadError
+from heisd_ros.core.errors import HeisdError, InvalidObservationError, ModelLoadError
 from heisd_ros.core.gripper import finger_gap
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
-from heisd_ros.ros.log_bridge import RosLogBridge
+from heisd_ros.ros.input_limits import check_instruction, quote
+from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
 from heisd_ros.ros.outputs import CommandOutputs
 from heisd_ros.ros.params import PolicyNodeConfig, build_config, declare_all, validate_update
 from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS
 from heisd_ros.ros.standalone_args import ros_args
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
 from heisd_ros.ros.step import Job, StepRunner
+from heisd_ros.ros.transport import fastdds_reader_memory
 from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
 from heisd_ros.ros.watchdog import Watchdog
 from heisd_ros.ros.worker import InferenceWorker
@@ -82,7 +86,8 @@ class PolicyNode(Node):
                  node_name: str = "policy_node", **node_kwargs: Any) -> None:  # fmt: skip
         super().__init__(node_name, **node_kwargs)
         started = False
-        self._log_bridge = RosLogBridge(self.get_logger())
+        self._guarded_log = GuardedLogger(self.get_logger(), self.context)  # quiet once the context is gone
+        self._log_bridge = RosLogBridge(self._guarded_log)
         logging.getLogger("heisd_ros").addHandler(self._log_bridge)
         try:
             self._values = declare_all(self)
@@ -102,8 +107,9 @@ class PolicyNode(Node):
         self._sync = ApproxTimeSync(_sync_config(self.cfg))
         self._gap: tuple[float, float] | None = None  # (header stamp s, finger gap m) of the newest joint_states
         self._instruction: str | None = None
+        self._instruction_refused: str | None = None  # why the newest instruction was refused
         self._reads_gap = bool(getattr(self._decoder, "reads_finger_gap", False))
-        self._status = NodeStatus(self.get_logger(), lambda: self.cfg.node.warn_throttle_s)
+        self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
         self._subscribe()
         self._watchdog = Watchdog()
         self._outputs = CommandOutputs(self, n)
@@ -111,7 +117,7 @@ class PolicyNode(Node):
         self._runner = StepRunner(
             self._decoder, config=lambda: self.cfg, clock_s=self._now_s,
             finger_gap=self._finger_gap_for if self._reads_gap else None, watchdog=self._watchdog,
-            outputs=self._outputs, status=self._status, logger=self.get_logger(),
+            outputs=self._outputs, status=self._status, logger=self._guarded_log,
         )  # fmt: skip
         self._worker = InferenceWorker(self._runner, self._status, lambda: self.cfg.node.diagnostics_period_s)
         self._worker.start()
@@ -132,7 +138,8 @@ class PolicyNode(Node):
         self.create_subscription(PoseStamped, n.pose_topic, self._on_pose, SENSOR_QOS)
         if self._reads_gap:
             self.create_subscription(JointState, n.joint_states_topic, self._on_joint_states, SENSOR_QOS)
-        self.create_subscription(String, n.instruction_topic, self._on_instruction, LATCHED_QOS)
+        # raw: rclpy's conversion would cut the text at a NUL; the node reads and checks the bytes itself
+        self.create_subscription(String, n.instruction_topic, self._on_instruction, LATCHED_QOS, raw=True)
         self.create_subscription(Bool, n.episode_result_topic, self._on_episode_result, EVENT_QOS)
 
     def _warn_store_timeout(self) -> None:
@@ -145,8 +152,11 @@ class PolicyNode(Node):
             )
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the worker (finishing the step in progress) and join it. Idempotent."""
-        worker = self.__dict__.get("_worker")
+        """Stop commanding and stop the worker (the step in progress finishes without publishing),
+        joining it. Idempotent; the context stays valid, so nothing in flight fails."""
+        outputs, worker = self.__dict__.get("_outputs"), self.__dict__.get("_worker")
+        if outputs is not None:
+            outputs.close()
         if worker is not None:
             worker.stop(timeout_s)
 
@@ -210,25 +220,42 @@ class PolicyNode(Node):
             return None, f"finger gap {age:.3f} s from the images' stamp > pose_staleness_s {n.pose_staleness_s:.3f}"
         return gap[1], ""
 
-    def _on_instruction(self, msg: String) -> None:
-        text = msg.data.strip()
+    def _on_instruction(self, raw: bytes) -> None:
+        limits = self.cfg.node.input_limits
+        try:
+            text = check_instruction(conv.string_from_cdr(raw, limits.max_instruction_bytes), limits)
+        except InvalidObservationError as err:
+            # The user asked for something other than the running task: stop commanding it (docs/node.md).
+            with self._inputs_lock:
+                self._instruction, self._instruction_refused = None, str(err)
+            self._status.report("instruction", WARN, f"instruction refused, no commands until a valid one: {err}")
+            return
         with self._inputs_lock:
             if text != self._instruction:
-                self.get_logger().info(f"instruction: {text!r}" if text else "instruction cleared")
-            self._instruction = text or None
+                self.get_logger().info(f"instruction: {quote(text)}" if text else "instruction cleared")
+            self._instruction, self._instruction_refused = text or None, None
 
     def _on_episode_result(self, msg: Bool) -> None:
         self._worker.episode_result(bool(msg.data))
 
+    def _revive_worker(self) -> None:
+        """Start a new inference thread if the running one died (a bug no step contained)."""
+        cause = self._worker.revive()
+        if cause is not None:
+            self._status.report("worker", ERROR, f"inference thread died ({cause}); started a new one")
+
     def _on_tick(self) -> None:
+        self._revive_worker()
         now = self._now_s()
         running_s = self._worker.running_s()
         if running_s is not None:
             self._status.dropped_tick()
-            budget_s = self.cfg.node.watchdog_budget_s
-            if self._watchdog.running(running_s, budget_s):
-                self._status.problem("watchdog", ERROR, f"watchdog: inference running for {running_s * 1e3:.0f} ms "
-                                     f"> budget {budget_s * 1e3:.0f} ms; commands withheld")  # fmt: skip
+            n = self.cfg.node
+            # paced by the watchdog (every warn_throttle_s while the hang lasts); the step is counted when it ends
+            if self._watchdog.running(running_s, n.watchdog_budget_s, n.warn_throttle_s):
+                self._status.report("hang", ERROR, f"watchdog: inference running for {running_s * 1e3:.0f} ms "
+                                    f"> budget {n.watchdog_budget_s * 1e3:.0f} ms; commands withheld",
+                                    throttled=False)  # fmt: skip
             return
         job = self._next_job(now)
         if job is not None:
@@ -246,8 +273,9 @@ class PolicyNode(Node):
                     self._status.problem("input", WARN, self._sync.reason)
                 return None
             if self._instruction is None:  # kept unconsumed: acted on if still fresh when one arrives
-                self._status.problem("no_instruction", WARN,
-                                     f"no instruction received yet on {self.cfg.node.instruction_topic!r}")  # fmt: skip
+                why = (f"instruction refused: {self._instruction_refused}" if self._instruction_refused
+                       else f"no instruction received yet on {self.cfg.node.instruction_topic!r}")  # fmt: skip
+                self._status.problem("no_instruction", WARN, why)
                 return None
             self._sync.consume(synced)
             return Job(synced, self._instruction, now)
@@ -268,30 +296,54 @@ class PolicyNode(Node):
             instruction, clock_resets = self._instruction, self._sync.clock_resets
         state = NodeState(instruction=instruction, watchdog_tripped=self._watchdog.tripped,
                           watchdog_trips=self._watchdog.state.trips, clock_resets=clock_resets,
-                          health=self._runner.health)  # fmt: skip
+                          health=self._runner.health, worker_restarts=self._worker.restarts)  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
         msg.header.stamp = self.get_clock().now().to_msg()
         self._pub_diag.publish(msg)
 
 
+def _on_stop_signals(handler: Callable[[int, Any], None]) -> None:
+    if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the policy node until SIGINT/SIGTERM; exit 1 with the reason when it cannot start."""
+    """Run the policy node until SIGINT/SIGTERM (exit 0); exit 1 with the reason when it cannot start.
+
+    rclpy's own signal handlers are off: they shut the context down at once, under the step in
+    flight and the log lines still to come. Here a signal only ends the spin loop; the node then
+    stops its worker, is destroyed, and only then is the context shut down."""
     argv = list(sys.argv if argv is None else ["policy_node", *argv])
-    rclpy.init(args=ros_args(argv))
+    fastdds_reader_memory()  # received frames must not pin memory (heisd_ros/ros/transport.py)
+    rclpy.init(args=ros_args(argv), signal_handler_options=SignalHandlerOptions.NO)
+    _on_stop_signals(_interrupt)  # a signal while loading ends start-up at once
     try:
         node = PolicyNode()
     except HeisdError as err:
         rclpy.logging.get_logger("policy_node").fatal(f"cannot start: {type(err).__name__}: {err}")
         rclpy.try_shutdown()
         return 1
+    except KeyboardInterrupt:
+        rclpy.logging.get_logger("policy_node").info("interrupted while starting")
+        rclpy.try_shutdown()
+        return 0
+    stop = threading.Event()
+    _on_stop_signals(lambda signum, frame: stop.set())
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+        while not stop.is_set() and rclpy.ok():
+            executor.spin_once(timeout_sec=0.1)  # the signal handler runs between two waits
+    except ExternalShutdownException:
         pass
     finally:
         node.get_logger().info("shutting down")
+        node.close()
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.try_shutdown()

@@ -20,13 +20,14 @@ import functools
 import inspect
 import math
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from heisd_ros.core.config import DecoderConfig, StoreConfig, from_dict
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
+from heisd_ros.ros.input_limits import InputLimits
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -113,6 +114,8 @@ class NodeConfig:
     """Period of the DiagnosticArray on /diagnostics."""
     warn_throttle_s: float = 2.0
     """The same kind of warning is logged at most once per this period."""
+    input_limits: InputLimits = field(default_factory=InputLimits)
+    """Bounds on instructions, camera frames and poses, checked before any work (input_limits.*)."""
 
     def __post_init__(self) -> None:
         _require(len(self.image_topics) >= 1, "image_topics needs one topic per view")
@@ -176,7 +179,7 @@ NODE_DYNAMIC = frozenset({
     "expected_image_width", "max_abs_action", "action_limits", "watchdog_factor", "watchdog_recovery_steps",
     "dry_run", "twist_linear_scale", "twist_angular_scale",
     "quat_norm_tol", "warn_throttle_s",
-})  # fmt: skip
+}) | {f"input_limits.{f.name}" for f in dataclasses.fields(InputLimits)}  # fmt: skip
 """Node parameters that may change at run time; every other parameter is read-only."""
 
 GROUPS: tuple[tuple[str, type], ...] = (("", NodeConfig), ("decoder.", DecoderConfig), ("store.", StoreConfig))
@@ -299,7 +302,7 @@ def _specs(cls: type, prefix: str, path: tuple[str, ...], group: str) -> Iterabl
             yield from _specs(hint, f"{prefix}{f.name}.", path + (f.name,), group)
             continue
         name = f"{prefix}{f.name}"
-        read_only = not (group == "" and f.name in NODE_DYNAMIC)
+        read_only = not (group == "" and name in NODE_DYNAMIC)
         desc = docs.get(f.name) or FALLBACK_DOCS.get(name) or f.name.replace("_", " ")
         yield ParamSpec(name, path + (f.name,), group, _field_default(f), _kind(hint),
                         f"{desc} [{cls.__name__}.{f.name}]", read_only)  # fmt: skip

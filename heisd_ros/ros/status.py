@@ -78,15 +78,16 @@ class NodeStatus:
         """A step that produced no command: counted by kind, logged (throttled), shown on /diagnostics."""
         self.report(kind, level, message, rejected=True)
 
-    def report(self, kind: str, level: int, message: str, rejected: bool = False) -> None:
-        """Throttled log + diagnostic; `rejected` counts it as a step without a command."""
+    def report(self, kind: str, level: int, message: str, rejected: bool = False, throttled: bool = True) -> None:
+        """Log + diagnostic; `rejected` counts it as a step without a command. `throttled=False`
+        logs every call, for a caller that paces its reports itself (the watchdog's hang report)."""
         now = time.monotonic()
         with self._lock:
             if rejected:
                 self._counts.rejected[kind] += 1
             self._problems.append((level, message))
             self._last_error = (message, now)
-            log = now - self._warned.get(kind, -1e9) >= self._throttle_s()
+            log = not throttled or now - self._warned.get(kind, -1e9) >= self._throttle_s()
             if log:
                 self._warned[kind] = now
         text = f"no command: {message}" if rejected else message

@@ -2,8 +2,9 @@
 the decoder): synchronised set -> Observation -> decoder -> safety checks -> outputs.
 
 A step that cannot produce a safe command publishes nothing and reports why (see `NodeStatus`):
-undecodable or implausible input, an unknown task, a database or decoder fault, an overrunning
-inference (watchdog), a result that went stale while decoding, or an action beyond
+input beyond the node's limits (`input_limits`: checked first, cheapest first, before any pixel is
+decoded), undecodable or implausible input, an unknown task, a database or decoder fault, an
+overrunning inference (watchdog), a result that went stale while decoding, or an action beyond
 `action_limits`. A valid action is clipped to `max_abs_action` before it is published.
 """
 
@@ -15,9 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from heisd_ros.core.errors import DatabaseError, HeisdError, InvalidObservationError, UnknownTaskError
+from heisd_ros.core.errors import (DatabaseError, HeisdError, InputLimitError, InvalidObservationError,
+                                   UnknownTaskError)
 from heisd_ros.core.types import Observation, StepStats
 from heisd_ros.ros import conversions as conv
+from heisd_ros.ros.input_limits import (TRIM_AFTER_BYTES, TRIM_STEPS, PoseGate, check_frame_shape, model_input,
+                                        release_memory)
 from heisd_ros.ros.outputs import CommandOutputs
 from heisd_ros.ros.params import NodeConfig, PolicyNodeConfig
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
@@ -73,6 +77,11 @@ class StepRunner:
         self.health = (True, "not checked yet")
         """(database healthy, status text) of the last health check."""
         self._health_t = -1e9
+        self._model = model_input(decoder)
+        self._pose_gate = PoseGate()
+        self._refusal: tuple[tuple[str, int], str] | None = None  # ((instruction, token limit), why) of the last check
+        self._resize_noted: set[str] = set()  # views whose resized frames were logged
+        self._trims_due = 0  # ordinary steps that still hand freed memory back after large inputs
 
     def episode_result(self, success: bool) -> None:
         """Hand an episode's outcome to the decoder; the next step starts a new episode."""
@@ -94,11 +103,18 @@ class StepRunner:
     def run(self, job: Job) -> None:
         """Decode one job and publish its command, or report why there is none."""
         n = self._config().node
+        refused = self._instruction_refusal(job.instruction, n)
+        if refused:
+            return self._status.problem("instruction", WARN, f"instruction refused: {refused}")
         if self._needs_reset or job.instruction != self._episode_instruction:
             self._decoder.reset(job.instruction)
+            self._pose_gate.reset()
             self._episode_instruction, self._needs_reset, self._step_id = job.instruction, False, 0
         started = time.monotonic()
-        decoded = self._decode(job, n)
+        try:
+            decoded = self._decode(job, n)
+        finally:
+            self._release_memory(job)
         if decoded is None or not self._watchdog_allows(time.monotonic() - started, n):
             return
         action, stats = decoded
@@ -113,6 +129,41 @@ class StepRunner:
         """A job ended, with or without a command (or was dropped): a later hang is reported again."""
         self._watchdog.finished()
 
+    def _instruction_refusal(self, instruction: str, n: NodeConfig) -> str:
+        """Why the model cannot take this instruction ('' when it can); checked once per instruction."""
+        key = (instruction, n.input_limits.max_instruction_tokens)
+        if self._refusal is None or self._refusal[0] != key:
+            self._refusal = (key, self._model.instruction_problem(instruction, n.input_limits))
+        return self._refusal[1]
+
+    def _images(self, job: Job, n: NodeConfig) -> dict[str, np.ndarray]:
+        """The views as RGB [H, W, 3], each checked against the limits from its header before decoding."""
+        lim, model_hw = n.input_limits, self._model.image_hw
+        images = {}
+        for view, frame in job.synced.frames.items():
+            try:
+                rgb = conv.msg_to_rgb(frame.data, n.expected_hw, lim.max_image_pixels,
+                                      lambda h, w: check_frame_shape(h, w, model_hw, lim))  # fmt: skip
+            except InvalidObservationError as err:
+                raise type(err)(f"view {view!r}: {err}") from err
+            if model_hw is not None and rgb.shape[:2] != model_hw and view not in self._resize_noted:
+                self._resize_noted.add(view)
+                self._logger.info(f"view {view!r}: {rgb.shape[0]}x{rgb.shape[1]} frames are resized to the "
+                                  f"model's input {model_hw[0]}x{model_hw[1]} (logged once per view)")  # fmt: skip
+            images[view] = rgb
+        return images
+
+    def _release_memory(self, job: Job) -> None:
+        """After large inputs, hand freed memory back to the OS at the ordinary steps that follow (by
+        then the large messages have been replaced and freed), so one huge frame does not raise RSS
+        for good. A trim with nothing to release costs microseconds."""
+        size = sum(len(getattr(f.data, "data", b"")) for f in job.synced.frames.values())
+        if size >= TRIM_AFTER_BYTES:
+            self._trims_due = TRIM_STEPS
+        elif self._trims_due:
+            self._trims_due -= 1
+            release_memory()
+
     def _decode(self, job: Job, n: NodeConfig) -> tuple[np.ndarray, StepStats] | None:
         """(checked action, stats), or None after reporting why the step has no action."""
         gap = None
@@ -121,12 +172,14 @@ class StepRunner:
             if gap is None:
                 return self._status.problem("invalid_input", WARN, f"invalid input: {why}")
         try:
-            images = {v: conv.msg_to_rgb(f.data, n.expected_hw) for v, f in job.synced.frames.items()}
             ee_pos = conv.pose_to_position(job.synced.pose.data, n.quat_norm_tol)
-            obs = Observation(images=images, instruction=job.instruction, ee_pos=ee_pos,
+            self._pose_gate.check(job.synced.pose.stamp_s, ee_pos, n.input_limits)
+            obs = Observation(images=self._images(job, n), instruction=job.instruction, ee_pos=ee_pos,
                               task=n.task or None, stamp_s=job.synced.stamp_s, gripper_gap=gap)  # fmt: skip
             action, stats = self._decoder.step(obs)
             return conv.check_action(action), stats
+        except InputLimitError as err:
+            return self._status.problem("input_limit", WARN, f"input refused: {err}")
         except InvalidObservationError as err:
             return self._status.problem("invalid_input", WARN, f"invalid input: {err}")
         except UnknownTaskError as err:

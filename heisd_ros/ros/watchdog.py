@@ -23,7 +23,8 @@ class WatchdogState:
     ok_steps: int = 0
     """Steps within the budget since the last trip."""
     trips: int = 0
-    hang_reported: bool = False
+    hang_reported_s: float | None = None
+    """Running time at which the current hang was last reported; None while none is reported."""
 
 
 class Watchdog:
@@ -43,10 +44,10 @@ class Watchdog:
         self.state.tripped, self.state.ok_steps = True, 0
 
     def step(self, inference_s: float, budget_s: float, recovery_steps: int) -> tuple[bool, str]:
-        """A finished step: (publish it?, why not / '' ). Clears the hang flag."""
+        """A finished step: (publish it?, why not / '' ). Ends the hang report."""
         with self._lock:
             st = self.state
-            st.hang_reported = False
+            st.hang_reported_s = None
             if inference_s > budget_s:
                 self._trip()
                 return False, (f"watchdog: inference took {inference_s * 1e3:.0f} ms > budget "
@@ -60,16 +61,21 @@ class Watchdog:
             st.tripped = False
             return True, ""
 
-    def running(self, running_s: float, budget_s: float) -> bool:
-        """An inference still in progress: trips the watchdog; True the first time it overruns."""
+    def running(self, running_s: float, budget_s: float, repeat_s: float) -> bool:
+        """An inference still in progress: trips the watchdog once it overruns the budget. True when
+        the hang is to be reported: the first time, then again every `repeat_s` of running time for
+        as long as it lasts (a single report can fall in the log's throttle window and be lost)."""
         with self._lock:
-            if running_s <= budget_s or self.state.hang_reported:
+            st = self.state
+            if running_s <= budget_s:
                 return False
-            self.state.hang_reported = True
+            if st.hang_reported_s is not None and running_s - st.hang_reported_s < repeat_s:
+                return False
+            st.hang_reported_s = running_s
             self._trip()
             return True
 
     def finished(self) -> None:
-        """The inference ended (with or without a result): a later hang is reported again."""
+        """The inference ended (with or without a result): a later hang is reported afresh."""
         with self._lock:
-            self.state.hang_reported = False
+            self.state.hang_reported_s = None

@@ -3,17 +3,38 @@
 The control timer hands it at most one job at a time (`submit`); a tick that finds it busy is
 dropped and counted by the node, never queued, so inputs can arrive at any rate without building
 a backlog. Episode results are queued and handed to the decoder before the next step.
+
+A step can fail, the thread cannot: any exception of a step (a decoder bug, a torch out-of-memory
+error, a publisher that went away) costs that step its command and is reported as an ERROR naming
+its cause, and the thread takes the next job. Only a BaseException that is not an Exception ends
+the thread (KeyboardInterrupt and SystemExit are never caught here); the node's control timer
+then notices (`alive`) and starts a fresh thread (`revive`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import traceback
+from pathlib import Path
 from typing import Callable
 
-from heisd_ros.core.errors import HeisdError
 from heisd_ros.ros.status import ERROR, NodeStatus
 from heisd_ros.ros.step import Job, StepRunner
+
+MESSAGE_CHARS = 200
+"""How much of an exception's message a report quotes (a torch error can run to pages)."""
+
+
+def describe(err: BaseException) -> str:
+    """'Type: first line of the message (at file.py:line in function)', short enough for one log line."""
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    if len(text) > MESSAGE_CHARS:
+        text = text[:MESSAGE_CHARS] + "..."
+    where = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ is not None else []
+    at = f" (at {Path(where[0].filename).name}:{where[0].lineno} in {where[0].name})" if where else ""
+    return f"{type(err).__name__}: {text}{at}" if text else f"{type(err).__name__}{at}"
 
 
 class InferenceWorker:
@@ -27,7 +48,13 @@ class InferenceWorker:
         self._job_started = 0.0  # monotonic time the current job was handed over, then taken
         self._feedback: list[bool] = []
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="heisd-inference", daemon=True)
+        self._death: BaseException | None = None  # what ended the last thread, for `revive`
+        self.restarts = 0
+        """Threads started after one died."""
+        self._thread = self._new_thread()
+
+    def _new_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._run, name="heisd-inference", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -35,6 +62,21 @@ class InferenceWorker:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def revive(self) -> str | None:
+        """Start a fresh thread if the running one died; the cause of death when it did, else None.
+        The job it was running is lost (never retried: its inputs are old by now)."""
+        with self._cv:
+            if self._stop or not self._thread.ident or self._thread.is_alive():
+                return None
+            cause = describe(self._death) if self._death is not None else "no exception"
+            was_busy, self._busy, self._job, self._death = self._busy, False, None, None
+            self._thread = self._new_thread()
+            self.restarts += 1
+        if was_busy:
+            self._runner.job_done()
+        self._thread.start()
+        return cause
 
     def running_s(self) -> float | None:
         """How long the current job has been running, s; None when the worker is idle."""
@@ -59,8 +101,9 @@ class InferenceWorker:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
+        thread = self._thread
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def _take(self, period_s: float) -> tuple[Job | None, list[bool]] | None:
         """The next job and the queued episode results (waiting up to `period_s`); None to stop."""
@@ -73,6 +116,13 @@ class InferenceWorker:
             self._job_started = time.monotonic()
             return job, feedback
 
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as err:  # recorded for the restart's log line, then the thread ends
+            self._death = err
+            raise
+
     def _loop(self) -> None:
         while True:
             period_s = self._period_s()
@@ -80,17 +130,24 @@ class InferenceWorker:
             if taken is None:
                 return
             job, feedback = taken
-            try:
-                for success in feedback:
+            for success in feedback:
+                try:
                     self._runner.episode_result(success)
-                if job is not None:
-                    self._runner.run(job)
-            except HeisdError as err:
-                # episode_feedback/reset failures (e.g. persisting thresholds): report, keep going
-                self._status.problem("decoder", ERROR, f"{type(err).__name__}: {err}")
-            finally:
-                if job is not None:
-                    self._runner.job_done()
-                    with self._cv:
-                        self._busy = False
-            self._runner.refresh_health(period_s)
+                except Exception as err:  # e.g. persisting the skip thresholds failed: the steps go on
+                    self._status.report("decoder", ERROR, f"episode result not applied: {describe(err)}")
+            if job is not None:
+                self._step(job)
+            try:
+                self._runner.refresh_health(period_s)
+            except Exception as err:
+                self._status.report("health", ERROR, f"health check failed: {describe(err)}")
+
+    def _step(self, job: Job) -> None:
+        try:
+            self._runner.run(job)
+        except Exception as err:
+            self._status.problem("step_failed", ERROR, f"step failed: {describe(err)}")
+        finally:
+            self._runner.job_done()
+            with self._cv:
+                self._busy = False

@@ -263,6 +263,10 @@ def _start_policy(cfg: ReplayConfig, ctx: Any, method: str, decoder_factory: Cal
         # would only withhold the next commands and make the replay wait step_timeout_s for each.
         # The largest budget (100 control periods) unless the user sets one.
         overrides.append(Parameter("watchdog_factor", value=100.0))
+    if cfg.fast and not any(o.name == "input_limits.max_pose_jump_m" for o in overrides):
+        # Lockstep restamps the inputs with the time they are sent, milliseconds apart, so a move the
+        # recording made in one control period would look like a jump at an impossible speed.
+        overrides.append(Parameter("input_limits.max_pose_jump_m", value=10.0))
     if method:
         overrides.append(Parameter("decoder.method", value=method))
     policy = PolicyNode(decoder_factory, context=ctx, parameter_overrides=overrides)
