@@ -9,7 +9,6 @@ real forward exactly as an out-of-memory attention mask would. The shutdown test
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -30,7 +29,6 @@ from rclpy.parameter import Parameter
 from sensor_msgs.msg import Image
 from std_msgs.msg import String
 
-from heisd_ros.core.config import StoreConfig
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode, load_decoder
 
@@ -50,34 +48,9 @@ class ThreadKiller(BaseException):
     """A BaseException that is no Exception: what no step containment catches (a bug's stand-in)."""
 
 
-def _points(n: int, hidden: int, first_token: int):
-    from heisd_ros.store import DemoPoint
-
-    rng = np.random.default_rng(0)
-    return [DemoPoint("unit", TASK, TASK, 0, k, rng.normal(size=128), rng.normal(size=hidden), rng.normal(size=hidden),
-                      np.zeros(7), tuple(int(t) for t in rng.integers(first_token, first_token + 256, 7)),
-                      rng.uniform(-0.1, 0.1, 3)) for k in range(n)]  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """model/ drafter/ db/ calibration.json of an untrained tiny policy (written in seconds)."""
-    import torch
-
-    from heisd_ros.core.drafter import EagleDrafter
-    from heisd_ros.models.loader import tiny_vla
-    from heisd_ros.store import make_store
-
-    root = tmp_path_factory.mktemp("policy")
-    vla = tiny_vla(seed=0)
-    vla.save_pretrained(root / "model")
-    torch.manual_seed(0)
-    EagleDrafter(vla.language_model.config).save(root / "drafter")
-    with make_store(StoreConfig(backend="edge", path=str(root / "db")), 128, vla.hidden_size, create=True) as s:
-        s.upsert(_points(6, vla.hidden_size, vla.action_tokenizer.first_token_id))
-    # every step runs the language model (retrieval mode, no verify-skip), so every step meets the hook
-    (root / "calibration.json").write_text(json.dumps({"fused_metric": {"tau": -1.0}, "verify_skip": {"enabled": False}}))
-    return root
+def files(untrained_policy):
+    return untrained_policy
 
 
 def _params(root: Path, **over) -> dict:

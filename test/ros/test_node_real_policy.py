@@ -7,7 +7,6 @@ The files are those of an *untrained* tiny policy (written in a second; loading 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from rclpy.parameter import Parameter
 from sensor_msgs.msg import Image
 from std_msgs.msg import String
 
+from heisd_ros.store.schema import DemoPoint
 from heisd_ros.core.config import FusedMetricConfig, StoreConfig
 from heisd_ros.core.errors import DatabaseError, DatabaseUnavailableError, ModelLoadError
 from heisd_ros.ros import conversions as conv
@@ -39,8 +39,6 @@ TASK = "pick up the red bowl"
 
 
 def _points(n: int, obs_dim: int, feat_dim: int, first_token: int):
-    from heisd_ros.store import DemoPoint
-
     rng = np.random.default_rng(0)
     return [DemoPoint("unit", TASK, TASK, 0, k, rng.normal(size=obs_dim), rng.normal(size=feat_dim),
                       rng.normal(size=feat_dim), np.zeros(7), tuple(int(t) for t in rng.integers(first_token, first_token + 256, 7)),
@@ -48,24 +46,13 @@ def _points(n: int, obs_dim: int, feat_dim: int, first_token: int):
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """model/ drafter/ db/ calibration.json of an untrained tiny policy, plus a drafter of another size."""
-    import torch
-
+def files(untrained_policy):
+    """The untrained tiny policy, plus a drafter of another size."""
     from heisd_ros.core.drafter import EagleDrafter
     from heisd_ros.models.loader import tiny_vla
-    from heisd_ros.store import make_store
 
-    root = tmp_path_factory.mktemp("policy")
-    vla = tiny_vla(seed=0)
-    vla.save_pretrained(root / "model")
-    torch.manual_seed(0)
-    EagleDrafter(vla.language_model.config).save(root / "drafter")
-    EagleDrafter(tiny_vla(hidden_size=64).language_model.config).save(root / "drafter_small")
-    with make_store(StoreConfig(backend="edge", path=str(root / "db")), 128, vla.hidden_size, create=True) as s:
-        s.upsert(_points(6, 128, vla.hidden_size, vla.action_tokenizer.first_token_id))
-    (root / "calibration.json").write_text(json.dumps({"fused_metric": {"tau": -1.0}, "verify_skip": {"enabled": False}}))
-    return root
+    EagleDrafter(tiny_vla(hidden_size=64).language_model.config).save(untrained_policy / "drafter_small")
+    return untrained_policy
 
 
 def _params(root: Path, **over) -> dict:
