@@ -639,13 +639,13 @@ def write_report(path: str, result: dict, key: str = "") -> None:
 
 def run_hostile(cfg: SoakConfig, say=print) -> dict:
     """The fuzz run: a raw-image leg, then a compressed-image leg (each its own node process)."""
-    legs = {}
+    legs, at_start = {}, {"git_rev": git_revision(), "git_dirty": _dirty()}
     for compressed in (False, True):
         name = "compressed" if compressed else "raw"
         say(f"soak: hostile leg {name}")
         log = str(Path(cfg.node_log).with_name(f"{Path(cfg.node_log).stem}_hostile_{name}.log"))
         legs[name] = run(dataclasses.replace(cfg, compressed=compressed, node_log=log), say)
-    return {"git_rev": git_revision(), "git_dirty": _dirty(), "legs": legs,
+    return {"at_start": at_start, "git_rev": git_revision(), "git_dirty": _dirty(), "legs": legs,
             "crashes": sum(leg["crashes"] for leg in legs.values())}  # fmt: skip
 
 
@@ -718,6 +718,7 @@ def run_vs_bench(cfg: SoakConfig, say=print) -> dict:
     """Bench, the node streaming two views per method, bench again; ratios of the node's decode time
     (DecodeStats total_ms) to bench's step time, both the decoder's own `latency_ms['total']`."""
     cfg = dataclasses.replace(cfg, views=2)
+    at_start = {"git_rev": git_revision(), "git_dirty": _dirty()}
     before, paced = _bench(cfg, say), _paced(cfg, say)
     node, methods = {}, {}
     for threads in (int(t) for t in cfg.vs_node_threads.split(",")):
@@ -736,7 +737,7 @@ def run_vs_bench(cfg: SoakConfig, say=print) -> dict:
                        "median": node[key]["decode_ms"]["p50"] / bench_median}  # fmt: skip
         paced_ratios[key] = {"mean": node[key]["decode_ms"]["mean"] / paced[m]["mean_step_ms"],
                              "median": node[key]["decode_ms"]["p50"] / paced[m]["median_step_ms"]}  # fmt: skip
-    return {"git_rev": git_revision(), "git_dirty": _dirty(), "cpu_count": os.cpu_count(),
+    return {"at_start": at_start, "git_rev": git_revision(), "git_dirty": _dirty(), "cpu_count": os.cpu_count(),
             "bench_threads": cfg.bench_threads, "bench_before": before, "paced_bench": paced, "node": node,
             "bench_after": after, "node_over_bench": ratios, "node_over_paced_bench": paced_ratios}  # fmt: skip
 
