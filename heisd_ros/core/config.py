@@ -22,7 +22,8 @@ METHODS = ("ar", "drafter", "specvla", "retrieval", "heisd")
 T = TypeVar("T")
 
 
-def _require(cond: bool, msg: str) -> None:
+def require(cond: bool, msg: str) -> None:
+    """Raise ConfigError(msg) unless `cond`: the one check every config dataclass validates with."""
     if not cond:
         raise ConfigError(msg)
 
@@ -39,9 +40,9 @@ class AcceptanceConfig:
     """Token-level relaxed rule (SpecVLA baseline): per-token threshold h."""
 
     def __post_init__(self) -> None:
-        _require(0 <= self.max_token_bias_bins <= 255, "max_token_bias_bins must be in [0, 255]")
-        _require(0 <= self.max_group_bias_bins <= 765, "max_group_bias_bins must be in [0, 765]")
-        _require(0 <= self.token_relaxed_bias_bins <= 255, "token_relaxed_bias_bins must be in [0, 255]")
+        require(0 <= self.max_token_bias_bins <= 255, "max_token_bias_bins must be in [0, 255]")
+        require(0 <= self.max_group_bias_bins <= 765, "max_group_bias_bins must be in [0, 765]")
+        require(0 <= self.token_relaxed_bias_bins <= 255, "token_relaxed_bias_bins must be in [0, 255]")
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,10 @@ class DrafterTreeConfig:
     the drafter is unsure. 0.1 is about the cost of a drafter call relative to a verification forward."""
 
     def __post_init__(self) -> None:
-        _require(1 <= self.depth <= 6, "drafter depth must be in [1, 6] (7 tokens per step)")
-        _require(0.0 <= self.min_path_prob < 1.0, "drafter min_path_prob must be in [0, 1)")
-        _require(1 <= self.top_k <= 32, "drafter top_k must be in [1, 32]")
-        _require(self.depth <= self.total_tokens <= 512, "total_tokens must be in [depth, 512]")
+        require(1 <= self.depth <= 6, "drafter depth must be in [1, 6] (7 tokens per step)")
+        require(0.0 <= self.min_path_prob < 1.0, "drafter min_path_prob must be in [0, 1)")
+        require(1 <= self.top_k <= 32, "drafter top_k must be in [1, 32]")
+        require(self.depth <= self.total_tokens <= 512, "total_tokens must be in [depth, 512]")
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,11 @@ class RetrievalConfig:
     the better draft."""
 
     def __post_init__(self) -> None:
-        _require(1 <= self.top_k <= 64, "retrieval top_k must be in [1, 64]")
-        _require(self.position_pool == 0 or self.top_k <= self.position_pool <= 256,
+        require(1 <= self.top_k <= 64, "retrieval top_k must be in [1, 64]")
+        require(self.position_pool == 0 or self.top_k <= self.position_pool <= 256,
                  "retrieval position_pool must be 0 (off) or in [top_k, 256]")
-        _require(7 <= self.max_tree_nodes <= 1024, "max_tree_nodes must be in [7, 1024]")
-        _require(0 <= self.query_views <= 16, "retrieval query_views must be in [0, 16] (0 = all views)")
+        require(7 <= self.max_tree_nodes <= 1024, "max_tree_nodes must be in [7, 1024]")
+        require(0 <= self.query_views <= 16, "retrieval query_views must be in [0, 16] (0 = all views)")
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,13 @@ class FusedMetricConfig:
     """Second principal extent / first principal extent below this counts as collinear."""
 
     def __post_init__(self) -> None:
-        _require(self.window_steps >= 3, "window_steps must be >= 3")
-        _require(0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]")
-        _require(math.isfinite(self.tau), "tau must be finite")
-        _require(self.r_max_m > 0, "r_max_m must be > 0")
-        _require(self.r_p95_m > self.r_min_m, "r_p95_m must exceed r_min_m")
-        _require(self.d_p95_m > self.d_min_m, "d_p95_m must exceed d_min_m")
-        _require(self.stationary_tol_m > 0 and self.collinear_tol > 0, "tolerances must be > 0")
+        require(self.window_steps >= 3, "window_steps must be >= 3")
+        require(0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]")
+        require(math.isfinite(self.tau), "tau must be finite")
+        require(self.r_max_m > 0, "r_max_m must be > 0")
+        require(self.r_p95_m > self.r_min_m, "r_p95_m must exceed r_min_m")
+        require(self.d_p95_m > self.d_min_m, "d_p95_m must exceed d_min_m")
+        require(self.stationary_tol_m > 0 and self.collinear_tol > 0, "tolerances must be > 0")
 
 
 @dataclass(frozen=True)
@@ -158,14 +159,14 @@ class VerifySkipConfig:
 
     def __post_init__(self) -> None:
         lo, hi = self.min_similarity_bounds
-        _require(-1.0 <= lo <= hi <= 1.0, "min_similarity_bounds must satisfy -1 <= lo <= hi <= 1")
-        _require(lo <= self.min_similarity <= hi, "min_similarity outside min_similarity_bounds")
+        require(-1.0 <= lo <= hi <= 1.0, "min_similarity_bounds must satisfy -1 <= lo <= hi <= 1")
+        require(lo <= self.min_similarity <= hi, "min_similarity outside min_similarity_bounds")
         dlo, dhi = self.max_distance_bounds_m
-        _require(0.0 <= dlo <= dhi, "max_distance_bounds_m must satisfy 0 <= lo <= hi")
-        _require(dlo <= self.max_distance_m <= dhi, "max_distance_m outside max_distance_bounds_m")
-        _require(0 <= self.max_consecutive_skips <= 100, "max_consecutive_skips must be in [0, 100]")
-        _require(self.feedback_step >= 0, "feedback_step must be >= 0")
-        _require(0.0 < self.distance_shrink <= 1.0, "distance_shrink must be in (0, 1]")
+        require(0.0 <= dlo <= dhi, "max_distance_bounds_m must satisfy 0 <= lo <= hi")
+        require(dlo <= self.max_distance_m <= dhi, "max_distance_m outside max_distance_bounds_m")
+        require(0 <= self.max_consecutive_skips <= 100, "max_consecutive_skips must be in [0, 100]")
+        require(self.feedback_step >= 0, "feedback_step must be >= 0")
+        require(0.0 < self.distance_shrink <= 1.0, "distance_shrink must be in (0, 1]")
 
 
 COST_SIGNALS = ("latency_ms", "forwards")
@@ -200,11 +201,11 @@ class SourceChoiceConfig:
     to a retrieval-mode step, in LLM forwards."""
 
     def __post_init__(self) -> None:
-        _require(self.cost_signal in COST_SIGNALS, f"cost_signal must be one of {COST_SIGNALS}")
-        _require(0.0 < self.smoothing <= 1.0, "smoothing must be in (0, 1]")
-        _require(1 <= self.min_retrieval_steps <= 1000, "min_retrieval_steps must be in [1, 1000]")
-        _require(1 <= self.probe_every_steps <= 1000, "probe_every_steps must be in [1, 1000]")
-        _require(0.0 <= self.retrieval_overhead_forwards <= 7.0, "retrieval_overhead_forwards must be in [0, 7]")
+        require(self.cost_signal in COST_SIGNALS, f"cost_signal must be one of {COST_SIGNALS}")
+        require(0.0 < self.smoothing <= 1.0, "smoothing must be in (0, 1]")
+        require(1 <= self.min_retrieval_steps <= 1000, "min_retrieval_steps must be in [1, 1000]")
+        require(1 <= self.probe_every_steps <= 1000, "probe_every_steps must be in [1, 1000]")
+        require(0.0 <= self.retrieval_overhead_forwards <= 7.0, "retrieval_overhead_forwards must be in [0, 7]")
 
 
 @dataclass(frozen=True)
@@ -259,20 +260,20 @@ class StoreConfig:
     """Upper bound of the retry delay, seconds."""
 
     def __post_init__(self) -> None:
-        _require(self.backend in ("edge", "local", "remote"), f"unknown store backend {self.backend!r}")
-        _require(not self.shard_by_task or self.backend == "remote", "shard_by_task needs backend 'remote'")
-        _require(self.exact_search_below >= 0, "exact_search_below must be >= 0")
-        _require(self.task_cache_ttl_s >= 0, "task_cache_ttl_s must be >= 0")
-        _require(self.backend != "remote" or bool(self.url), "backend 'remote' needs a url")
-        _require(self.backend != "edge" or bool(self.path), "backend 'edge' needs a path")
-        _require(0 < self.timeout_s <= 3600, "timeout_s must be in (0, 3600]")
-        _require(0 < self.write_timeout_s <= 3600, "write_timeout_s must be in (0, 3600]")
-        _require(self.hnsw_m >= 4 and self.hnsw_ef_construct >= 4, "HNSW parameters too small")
-        _require(1 <= self.replication_factor <= 16, "replication_factor must be in [1, 16]")
-        _require(self.replication_factor == 1 or self.backend == "remote", "replication_factor needs backend 'remote'")
-        _require(0 < self.reconnect_backoff_s <= self.reconnect_max_backoff_s <= 3600,
+        require(self.backend in ("edge", "local", "remote"), f"unknown store backend {self.backend!r}")
+        require(not self.shard_by_task or self.backend == "remote", "shard_by_task needs backend 'remote'")
+        require(self.exact_search_below >= 0, "exact_search_below must be >= 0")
+        require(self.task_cache_ttl_s >= 0, "task_cache_ttl_s must be >= 0")
+        require(self.backend != "remote" or bool(self.url), "backend 'remote' needs a url")
+        require(self.backend != "edge" or bool(self.path), "backend 'edge' needs a path")
+        require(0 < self.timeout_s <= 3600, "timeout_s must be in (0, 3600]")
+        require(0 < self.write_timeout_s <= 3600, "write_timeout_s must be in (0, 3600]")
+        require(self.hnsw_m >= 4 and self.hnsw_ef_construct >= 4, "HNSW parameters too small")
+        require(1 <= self.replication_factor <= 16, "replication_factor must be in [1, 16]")
+        require(self.replication_factor == 1 or self.backend == "remote", "replication_factor needs backend 'remote'")
+        require(0 < self.reconnect_backoff_s <= self.reconnect_max_backoff_s <= 3600,
                  "reconnect delays must satisfy 0 < reconnect_backoff_s <= reconnect_max_backoff_s <= 3600")
-        _require(not self.tls_ca_cert or self.url.startswith("https://"), "tls_ca_cert needs an https:// url")
+        require(not self.tls_ca_cert or self.url.startswith("https://"), "tls_ca_cert needs an https:// url")
 
 
 @dataclass(frozen=True)
@@ -303,14 +304,14 @@ class DecoderConfig:
     chatters (heisd_ros/core/gripper.py)."""
 
     def __post_init__(self) -> None:
-        _require(self.unknown_task in ("error", "drafter"), "unknown_task must be 'error' or 'drafter'")
-        _require(self.method in METHODS, f"unknown method {self.method!r}; choose one of {METHODS}")
-        _require(len(self.views) >= 1, "at least one view is required")
-        _require(len(set(self.views)) == len(self.views), "view names must be unique")
-        _require(self.retrieval.query_views <= len(self.views),
+        require(self.unknown_task in ("error", "drafter"), "unknown_task must be 'error' or 'drafter'")
+        require(self.method in METHODS, f"unknown method {self.method!r}; choose one of {METHODS}")
+        require(len(self.views) >= 1, "at least one view is required")
+        require(len(set(self.views)) == len(self.views), "view names must be unique")
+        require(self.retrieval.query_views <= len(self.views),
                  f"retrieval.query_views {self.retrieval.query_views} exceeds the {len(self.views)} views")
-        _require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
-        _require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
+        require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
+        require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
 
     @property
     def query_view_count(self) -> int:

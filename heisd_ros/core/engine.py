@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from heisd_ros.core.acceptance import AcceptanceRule, TreeAcceptance, make_rule, walk_tree
-from heisd_ros.core.config import DecoderConfig, _require
+from heisd_ros.core.config import DecoderConfig, require
 from heisd_ros.core.drafter import DrafterSession, EagleDrafter
 from heisd_ros.core.errors import DatabaseError, InvalidObservationError, UnknownTaskError
 from heisd_ros.core.gripper import GripperDebounce
@@ -134,9 +134,9 @@ class HybridDecoder:
 
     def __init__(self, vla: VLA, cfg: DecoderConfig, store=None, drafter: EagleDrafter | None = None,
                  state_prior: ActionPrior | None = None) -> None:
-        _require(cfg.method not in NEEDS_DRAFTER or drafter is not None, f"method {cfg.method!r} needs a drafter")
-        _require(cfg.method not in NEEDS_STORE or store is not None, f"method {cfg.method!r} needs a database")
-        _require(len(cfg.views) >= vla.prompt_views,
+        require(cfg.method not in NEEDS_DRAFTER or drafter is not None, f"method {cfg.method!r} needs a drafter")
+        require(cfg.method not in NEEDS_STORE or store is not None, f"method {cfg.method!r} needs a database")
+        require(len(cfg.views) >= vla.prompt_views,
                  f"the model's prompt reads {vla.prompt_views} views (primary first); views {list(cfg.views)} has fewer")
         self.vla = vla
         self.cfg = cfg

@@ -28,18 +28,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from heisd_ros.core.errors import ConfigError, InputLimitError
+from heisd_ros.core.errors import InputLimitError
 from heisd_ros.core.types import ACTION_DIM
+from heisd_ros.core.config import require
 
 QUOTE_CHARS = 80
 """Longest prefix of a refused input quoted in a log line or diagnostic."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 """C0 and C1 control characters and the Unicode line/paragraph separators: an instruction is one line."""
-
-
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
 
 
 @dataclass(frozen=True)
@@ -69,20 +65,20 @@ class InputLimits:
     """Fastest plausible end-effector speed, m/s (see max_pose_jump_m)."""
 
     def __post_init__(self) -> None:
-        _require(1 <= self.max_instruction_bytes <= 1_000_000, "max_instruction_bytes must be in [1, 1e6]")
-        _require(1 <= self.max_instruction_tokens <= 1_000_000, "max_instruction_tokens must be in [1, 1e6]")
-        _require(1 <= self.max_image_pixels <= 2**31, "max_image_pixels must be in [1, 2^31]")
-        _require(math.isfinite(self.max_aspect_ratio_change) and self.max_aspect_ratio_change >= 1.0,
+        require(1 <= self.max_instruction_bytes <= 1_000_000, "max_instruction_bytes must be in [1, 1e6]")
+        require(1 <= self.max_instruction_tokens <= 1_000_000, "max_instruction_tokens must be in [1, 1e6]")
+        require(1 <= self.max_image_pixels <= 2**31, "max_image_pixels must be in [1, 2^31]")
+        require(math.isfinite(self.max_aspect_ratio_change) and self.max_aspect_ratio_change >= 1.0,
                  f"max_aspect_ratio_change must be finite and >= 1, got {self.max_aspect_ratio_change}")  # fmt: skip
-        _require(len(self.workspace_min_m) == 3 and len(self.workspace_max_m) == 3,
+        require(len(self.workspace_min_m) == 3 and len(self.workspace_max_m) == 3,
                  "workspace_min_m and workspace_max_m need 3 values (x, y, z)")  # fmt: skip
-        _require(all(math.isfinite(lo) and math.isfinite(hi) and lo < hi
+        require(all(math.isfinite(lo) and math.isfinite(hi) and lo < hi
                      for lo, hi in zip(self.workspace_min_m, self.workspace_max_m)),
                  f"workspace_min_m {list(self.workspace_min_m)} must be finite and below workspace_max_m "
                  f"{list(self.workspace_max_m)} in every axis")  # fmt: skip
         for name in ("max_pose_jump_m", "max_ee_speed_m_s"):
             value = getattr(self, name)
-            _require(math.isfinite(value) and value > 0.0, f"{name} must be finite and > 0, got {value}")
+            require(math.isfinite(value) and value > 0.0, f"{name} must be finite and > 0, got {value}")
 
 
 def quote(text: str, limit: int = QUOTE_CHARS) -> str:

@@ -28,11 +28,7 @@ from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.ros.input_limits import InputLimits
-
-
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
+from heisd_ros.core.config import require
 
 
 def _topic_ok(name: str) -> bool:
@@ -118,45 +114,45 @@ class NodeConfig:
     """Bounds on instructions, camera frames and poses, checked before any work (input_limits.*)."""
 
     def __post_init__(self) -> None:
-        _require(len(self.image_topics) >= 1, "image_topics needs one topic per view")
-        _require(len(set(self.image_topics)) == len(self.image_topics), "image_topics must be unique")
-        _require(len(self.finger_joints) == 2 and all(self.finger_joints) and len(set(self.finger_joints)) == 2,
+        require(len(self.image_topics) >= 1, "image_topics needs one topic per view")
+        require(len(set(self.image_topics)) == len(self.image_topics), "image_topics must be unique")
+        require(len(self.finger_joints) == 2 and all(self.finger_joints) and len(set(self.finger_joints)) == 2,
                  f"finger_joints needs two distinct joint names, got {list(self.finger_joints)}")  # fmt: skip
         topics = self.image_topics + (self.pose_topic, self.joint_states_topic, self.instruction_topic,
                                       self.episode_result_topic,
                                       self.command_topic, self.stats_topic, self.twist_topic,
                                       self.gripper_topic)  # fmt: skip
         for t in topics:
-            _require(_topic_ok(t), f"invalid topic name {t!r}")
-        _require(math.isfinite(self.control_rate_hz) and 0.0 < self.control_rate_hz <= 1000.0,
+            require(_topic_ok(t), f"invalid topic name {t!r}")
+        require(math.isfinite(self.control_rate_hz) and 0.0 < self.control_rate_hz <= 1000.0,
                  f"control_rate_hz must be in (0, 1000], got {self.control_rate_hz}")  # fmt: skip
         for name in ("image_staleness_s", "pose_staleness_s", "diagnostics_period_s"):
             v = getattr(self, name)
-            _require(math.isfinite(v) and v > 0.0, f"{name} must be finite and > 0, got {v}")
-        _require(math.isfinite(self.sync_slop_s) and self.sync_slop_s >= 0.0,
+            require(math.isfinite(v) and v > 0.0, f"{name} must be finite and > 0, got {v}")
+        require(math.isfinite(self.sync_slop_s) and self.sync_slop_s >= 0.0,
                  f"sync_slop_s must be finite and >= 0, got {self.sync_slop_s}")  # fmt: skip
-        _require(self.sync_slop_s <= self.image_staleness_s, "sync_slop_s must not exceed image_staleness_s")
-        _require(self.expected_image_height >= 0 and self.expected_image_width >= 0,
+        require(self.sync_slop_s <= self.image_staleness_s, "sync_slop_s must not exceed image_staleness_s")
+        require(self.expected_image_height >= 0 and self.expected_image_width >= 0,
                  "expected image size must be >= 0 (0 = any)")  # fmt: skip
-        _require((self.expected_image_height == 0) == (self.expected_image_width == 0),
+        require((self.expected_image_height == 0) == (self.expected_image_width == 0),
                  "set both expected_image_height and expected_image_width, or neither")  # fmt: skip
-        _require(len(self.max_abs_action) == ACTION_DIM,
+        require(len(self.max_abs_action) == ACTION_DIM,
                  f"max_abs_action needs {ACTION_DIM} values, got {len(self.max_abs_action)}")  # fmt: skip
-        _require(all(math.isfinite(v) and v > 0 for v in self.max_abs_action),
+        require(all(math.isfinite(v) and v > 0 for v in self.max_abs_action),
                  f"max_abs_action values must be finite and > 0, got {list(self.max_abs_action)}")  # fmt: skip
-        _require(len(self.action_limits) == ACTION_DIM,
+        require(len(self.action_limits) == ACTION_DIM,
                  f"action_limits needs {ACTION_DIM} values, got {len(self.action_limits)}")  # fmt: skip
-        _require(all(math.isfinite(v) and lim >= v for v, lim in zip(self.max_abs_action, self.action_limits)),
+        require(all(math.isfinite(v) and lim >= v for v, lim in zip(self.max_abs_action, self.action_limits)),
                  f"action_limits {list(self.action_limits)} must be finite and >= max_abs_action "
                  f"{list(self.max_abs_action)} in every dimension")  # fmt: skip
-        _require(math.isfinite(self.watchdog_factor) and 1.0 <= self.watchdog_factor <= 100.0,
+        require(math.isfinite(self.watchdog_factor) and 1.0 <= self.watchdog_factor <= 100.0,
                  f"watchdog_factor must be in [1, 100], got {self.watchdog_factor}")  # fmt: skip
-        _require(1 <= self.watchdog_recovery_steps <= 1000, "watchdog_recovery_steps must be in [1, 1000]")
-        _require(math.isfinite(self.twist_linear_scale) and math.isfinite(self.twist_angular_scale),
+        require(1 <= self.watchdog_recovery_steps <= 1000, "watchdog_recovery_steps must be in [1, 1000]")
+        require(math.isfinite(self.twist_linear_scale) and math.isfinite(self.twist_angular_scale),
                  "twist scales must be finite")  # fmt: skip
-        _require(bool(self.model_dir), "model_dir is required ('tiny' builds the random test model)")
-        _require(0.0 < self.quat_norm_tol < 1.0, "quat_norm_tol must be in (0, 1)")
-        _require(math.isfinite(self.warn_throttle_s) and self.warn_throttle_s >= 0, "warn_throttle_s must be >= 0")
+        require(bool(self.model_dir), "model_dir is required ('tiny' builds the random test model)")
+        require(0.0 < self.quat_norm_tol < 1.0, "quat_norm_tol must be in (0, 1)")
+        require(math.isfinite(self.warn_throttle_s) and self.warn_throttle_s >= 0, "warn_throttle_s must be >= 0")
 
     @property
     def expected_hw(self) -> tuple[int, int] | None:
@@ -195,7 +191,7 @@ class PolicyNodeConfig:
     """The store.* parameters as given; see `store`."""
 
     def __post_init__(self) -> None:
-        _require(len(self.node.image_topics) == len(self.decoder.views),
+        require(len(self.node.image_topics) == len(self.decoder.views),
                  f"image_topics has {len(self.node.image_topics)} entries but decoder.views has "
                  f"{len(self.decoder.views)} {list(self.decoder.views)}: one topic per view")  # fmt: skip
         if self.store is None:  # no database configured: the store.* values must still be valid
