@@ -10,8 +10,9 @@ Usage:
         --methods ar,drafter --out benchmarks/subset.json   (a report of part of a log; runs nothing)
 
 Protocol (the same for every method, in one process):
-- For each task (in --tasks order) and init state (in --init-states order; only 40-49, the demos use
-  0-39), every method gets its own LiberoEnv of the task, reset to that init state (10 settle steps),
+- For each task (in --tasks order) and init state (in --init-states order: 40-49, or 20-39 with
+  --purpose calibration; the demonstrations use 0-19), every method gets its own LiberoEnv of the
+  task, reset to that init state (10 settle steps),
   and its own HybridDecoder; the decoders share the VLA weights, drafter and database read-only.
 - The methods take turns at every control step, in --methods order: observation (two upright views,
   end-effector position, instruction) -> decoder.step -> env.step. Background CPU load therefore
@@ -28,6 +29,10 @@ requested tasks x init states x methods found in the log. Per method: success wi
 interval; mean, median, p95, p99 step latency; speedup_vs_ar (ratio of means) with a bootstrap
 interval over the (task, init state) episodes, median_speedup_vs_ar; accept_length (the paper's) and
 tokens_per_forward_verified (definitions: heisd_ros/pipeline/figures.py).
+
+Variants (`--variants`) are methods with some DecoderConfig fields changed, reported under their own
+names (ablations; the candidate operating points of a calibration run). `--subset-methods` run only
+on `--subset-init-states`, in the same run; their speedups are paired with `ar` on those episodes.
 """
 
 from __future__ import annotations
@@ -49,7 +54,11 @@ from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
 from heisd_ros.tools.args import parse_range
 from heisd_ros.tools.eval_episodes import run_pair
 from heisd_ros.tools.eval_policies import Policies, count_or_none, retrieval_probe
+from heisd_ros.tools.eval_variants import MethodVariant, parse_variants
 from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
+
+PURPOSE_INIT_STATES = {"evaluation": tuple(EVAL_INIT_STATES), "calibration": tuple(range(20, 40))}
+"""Which LIBERO init states each kind of run may use."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,17 @@ class EvalLiberoConfig:
     suite: str = "libero_object"
     tasks: tuple[int, ...] = tuple(range(10))
     init_states: tuple[int, ...] = tuple(EVAL_INIT_STATES)
-    """LIBERO init state indices; only 40-49 (0-39 are the demonstration set)."""
+    """LIBERO init state indices: 40-49 for an evaluation, 20-39 for a calibration run."""
     methods: tuple[str, ...] = METHODS
+    """Methods and variant names, in the order they take turns."""
+    variants: tuple[MethodVariant, ...] = ()
+    """Named methods with changed DecoderConfig fields (ablations, candidate operating points)."""
+    subset_methods: tuple[str, ...] = ()
+    """Methods run only on `subset_init_states` (beside `methods`, in the same run and report)."""
+    subset_init_states: tuple[int, ...] = ()
+    purpose: str = "evaluation"
+    """'evaluation' (init states 40-49) or 'calibration' (init states 20-39: held out from the
+    demonstrations at 0-19 the database and the policy are built from, and from the evaluation)."""
     max_steps: int = 280
     """Control steps per episode (20 Hz) before it counts as a failure (LIBERO-Object's usual 280)."""
     camera_size_px: int = 128
@@ -85,16 +103,25 @@ class EvalLiberoConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        bad = sorted(set(self.init_states) - set(EVAL_INIT_STATES))
+        if self.purpose not in PURPOSE_INIT_STATES:
+            raise ConfigError(f"purpose must be one of {sorted(PURPOSE_INIT_STATES)}, got {self.purpose!r}")
+        allowed = PURPOSE_INIT_STATES[self.purpose]
+        bad = sorted(set(self.init_states) - set(allowed))
         if bad:
-            raise ConfigError(f"init states {bad} refused: 0-39 are the demonstration set; evaluation uses 40-49")
+            raise ConfigError(f"init states {bad} refused for {self.purpose}: it uses {allowed[0]}-{allowed[-1]} "
+                              "(0-19 are the demonstrations, 20-39 calibration, 40-49 evaluation)")
         if not self.tasks or not self.init_states:
             raise ConfigError("need at least one task and one init state")
         if min(self.tasks) < 0:
             raise ConfigError("task indices must be >= 0")
-        unknown = [m for m in self.methods if m not in METHODS]
-        if not self.methods or unknown or len(set(self.methods)) != len(self.methods):
-            raise ConfigError(f"methods must be distinct names from {METHODS}, got {list(self.methods)}")
+        labels = (*METHODS, *(v.name for v in self.variants))
+        everything = (*self.methods, *self.subset_methods)
+        unknown = [m for m in everything if m not in labels]
+        if not self.methods or unknown or len(set(everything)) != len(everything):
+            raise ConfigError(f"methods must be distinct names from {labels}, got {list(everything)}")
+        if bool(self.subset_methods) != bool(self.subset_init_states) or \
+                not set(self.subset_init_states) <= set(self.init_states):
+            raise ConfigError("--subset-methods needs --subset-init-states, a part of --init-states")
         if self.max_steps < 1 or self.threads < 1:
             raise ConfigError("max_steps and threads must be >= 1")
         if not self.out.endswith(".json"):
@@ -103,6 +130,18 @@ class EvalLiberoConfig:
     @property
     def log_path(self) -> Path:
         return Path(self.out).with_suffix(".jsonl")
+
+    def methods_at(self, init_state: int) -> list[str]:
+        """The method labels that run on `init_state`, in turn order."""
+        return [*self.methods, *(self.subset_methods if init_state in self.subset_init_states else ())]
+
+    def triples(self) -> list[tuple[int, int, str]]:
+        """Every (task, init state, method label) of the run."""
+        return [(t, k, m) for t in self.tasks for k in self.init_states for m in self.methods_at(k)]
+
+    @property
+    def labels(self) -> list[str]:
+        return [*self.methods, *self.subset_methods]
 
 
 def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
@@ -117,12 +156,14 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     pol = Policies(cfg)
     key = {"suite": cfg.suite, "max_steps": cfg.max_steps, "camera_size_px": cfg.camera_size_px,
            "dtype": cfg.dtype, "unknown_task": cfg.unknown_task, "seed": cfg.seed, **pol.fingerprint()}
+    if cfg.variants or cfg.purpose != "evaluation":  # logs of plain evaluations keep their earlier key
+        key.update(purpose=cfg.purpose, variants=[v.describe() for v in cfg.variants])
     log = ResultLog(cfg.log_path, key)
     for rec in log.episodes:  # resume: the thresholds an uninterrupted run would have now
         if rec["method"] in pol.decoders:
             pol.decoders[rec["method"]].episode_feedback(rec["success"])
     done = log.done()
-    todo = {(t, k, m) for t in cfg.tasks for k in cfg.init_states for m in cfg.methods if (t, k, m) not in done}
+    todo = {triple for triple in cfg.triples() if triple not in done}
     bar = progress_bar(len(todo), f"eval-libero {cfg.suite}", cfg.progress, unit="ep")
     n_run = 0
     probe: list[float] = []
@@ -150,7 +191,7 @@ def _run_task(cfg: EvalLiberoConfig, task: int, todo: set[tuple[int, int, str]],
     any init state still needs; returns how many episodes ran."""
     from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
 
-    pending = {k: [m for m in cfg.methods if (task, k, m) in todo] for k in cfg.init_states}
+    pending = {k: [m for m in cfg.methods_at(k) if (task, k, m) in todo] for k in cfg.init_states}
     need = max((len(v) for v in pending.values()), default=0)
     if need == 0:
         return 0
@@ -182,7 +223,7 @@ def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> 
     cfg = dataclasses.replace(cfg, suite=key["suite"], max_steps=key["max_steps"], seed=key["seed"],
                               camera_size_px=key["camera_size_px"], dtype=key["dtype"])
     found = {(e["task"], e["init_state"], e["method"]) for e in log.episodes}
-    missing = [(t, k, m) for t in cfg.tasks for k in cfg.init_states for m in cfg.methods if (t, k, m) not in found]
+    missing = [triple for triple in cfg.triples() if triple not in found]
     if missing:
         raise ConfigError(f"--report-from {log_path}: {len(missing)} requested episode(s) are not in the log, "
                           f"e.g. task {missing[0][0]} init {missing[0][1]} {missing[0][2]}; narrow "
@@ -197,12 +238,14 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
     from heisd_ros.tools.eval_markdown import markdown
     from heisd_ros.tools.eval_report import build_report
 
-    wanted = {(t, k) for t in cfg.tasks for k in cfg.init_states}
-    episodes = [e for e in log.episodes if (e["task"], e["init_state"]) in wanted and e["method"] in cfg.methods]
+    wanted = set(cfg.triples())
+    episodes = [e for e in log.episodes if (e["task"], e["init_state"], e["method"]) in wanted]
     pairs = sorted({(e["task"], e["init_state"]) for e in episodes})
     meta = {
         "command": command, "suite": cfg.suite, "tasks": list(cfg.tasks), "init_states": list(cfg.init_states),
         "pairs": len(pairs), "methods": list(cfg.methods), "max_steps": cfg.max_steps, "seed": cfg.seed,
+        "purpose": cfg.purpose, "variants": [v.describe() for v in cfg.variants],
+        "subset": {"methods": list(cfg.subset_methods), "init_states": list(cfg.subset_init_states)},
         "seeds": {"torch": cfg.seed, "env": 0, "decoding": "greedy (deterministic)"},
         "threads": cfg.threads, "camera_size_px": cfg.camera_size_px, "git_rev": git_revision(),
         "protocol": ("per (task, init state) every method runs on its own env instance and decoder; methods take "
@@ -216,7 +259,7 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     probe = [x for sess in log.sessions for x in sess.get("probe_top5_ms", [])]
-    report = build_report(episodes, cfg.methods, meta, probe_ms=probe)
+    report = build_report(episodes, cfg.labels, meta, probe_ms=probe)
     out = Path(cfg.out)
     write_json(out, report)
     out.with_suffix(".md").write_text(markdown(report))
@@ -239,8 +282,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny-dir", default=d.tiny_dir, help="where --model tiny builds/caches its artifacts")
     p.add_argument("--suite", default=d.suite)
     p.add_argument("--tasks", default="0-9", help="task indices, e.g. 0-9 or 0,3,5-7")
-    p.add_argument("--init-states", default="40-49", help="init states within 40-49 (0-39 are the demo set)")
-    p.add_argument("--methods", default=",".join(d.methods), help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--init-states", default="40-49",
+                   help="init states: 40-49 (evaluation) or, with --purpose calibration, 20-39")
+    p.add_argument("--methods", default=",".join(d.methods),
+                   help=f"comma-separated, from {', '.join(METHODS)} and the --variants names")
+    p.add_argument("--variants", default="", metavar="SPEC",
+                   help="named method variants, 'NAME=METHOD:section.field=value,...;...' "
+                        "(e.g. heisd_tau0=heisd:fused_metric.tau=0)")
+    p.add_argument("--subset-methods", default="", help="methods run only on --subset-init-states")
+    p.add_argument("--subset-init-states", default="", help="init states of the subset methods")
+    p.add_argument("--purpose", default=d.purpose, choices=sorted(PURPOSE_INIT_STATES),
+                   help="calibration: init states 20-39, to choose an operating point without the evaluation")
     p.add_argument("--max-steps", type=int, default=d.max_steps)
     p.add_argument("--camera-size", type=int, default=d.camera_size_px, help="square image size in pixels")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -265,12 +317,27 @@ def config_from_args(args: argparse.Namespace) -> EvalLiberoConfig:
     return EvalLiberoConfig(
         model_dir=args.model, drafter_dir=args.drafter, db_path=args.db, calibration_path=args.calibration,
         tiny_dir=args.tiny_dir, suite=args.suite, tasks=parse_range(args.tasks), init_states=parse_range(args.init_states),
-        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), max_steps=args.max_steps,
+        methods=_names(args.methods), variants=parse_variants(args.variants),
+        subset_methods=_names(args.subset_methods),
+        subset_init_states=parse_range(args.subset_init_states) if args.subset_init_states else (),
+        purpose=args.purpose, max_steps=args.max_steps,
         camera_size_px=args.camera_size, seed=args.seed, threads=args.threads, dtype=args.dtype,
         unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps,
         position_pool=args.position_pool, out=args.out,
         plots_dir=args.plots, progress=not args.no_progress,
     )
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+def _variants_of_log(args: argparse.Namespace) -> None:
+    """--report-from without --variants: the variants the log's run was made with."""
+    if args.report_from and not args.variants:
+        from heisd_ros.tools.eval_report import ResultLog
+
+        args.variants = ";".join(ResultLog.read(args.report_from).run_key.get("variants", []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     command = "heisd eval-libero " + shlex.join(argv)
     try:
+        _variants_of_log(args)
         cfg = config_from_args(args)
         report = report_from_log(cfg, args.report_from, command) if args.report_from else run(cfg, command)
     except HeisdError as err:

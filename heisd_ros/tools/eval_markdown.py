@@ -67,11 +67,19 @@ def _md_methods(report: dict[str, Any], methods: list[str], boot: dict[str, Any]
     for m in methods:
         r = report[m]
         modes = ", ".join(f"{k} {v:.0%}" for k, v in r["mode_mix"].items())
-        out.append(f"| {m} | {_success(r)} | {_f(r['mean_step_ms'], '.1f')} | {_f(r['speedup_vs_ar'])}x | "
+        label = f"{m} (subset, {r['episodes']} ep.)" if "ar_on_same_episodes" in r else m
+        out.append(f"| {label} | {_success(r)} | {_f(r['mean_step_ms'], '.1f')} | {_f(r['speedup_vs_ar'])}x | "
                    f"{interval_text(r.get('speedup_vs_ar_ci95'), n_episodes=n)} | {_f(r['median_step_ms'], '.1f')} | "
                    f"{_f(r['median_speedup_vs_ar'])}x | {_f(r['p95_step_ms'], '.1f')} | {_f(r['p99_step_ms'], '.1f')} | "
                    f"{_f(r['speedup_vs_ar_cpu'])}x | {_f(r['forwards_per_step'])} | {_f(r['accept_length'])} | "
                    f"{_f(r['tokens_per_forward_verified'])} | {modes} |")
+    subset = [m for m in methods if "ar_on_same_episodes" in report[m]]
+    if subset:
+        out += ["", "Subset rows are compared with `ar` on the same episodes:", ""]
+        for m in subset:
+            a = report[m]["ar_on_same_episodes"]
+            out.append(f"- {m}: ar on its {a['episodes']} episodes: success {_success(a)}, mean step "
+                       f"{_f(a['mean_step_ms'], '.1f')} ms, p95 {_f(a['p95_step_ms'], '.1f')} ms")
     return out
 
 

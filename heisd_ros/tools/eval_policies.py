@@ -86,19 +86,22 @@ class Policies:
                           "" if tiny else cfg.calibration_path, tiny_cache_dir=cfg.tiny_dir)
         self.paths = resolve_paths(raw)
         self.vla, prior = load_policy_model(self.paths.model_dir, dtype=cfg.dtype)
-        needs_store = any(m in NEEDS_STORE for m in cfg.methods)
+        variants = {v.name: v for v in cfg.variants}
+        method_of = {m: variants[m].method if m in variants else m for m in cfg.labels}
+        needs_store = any(m in NEEDS_STORE for m in method_of.values())
         base = _base_config(cfg, self.paths.calibration_path)
         if needs_store:
             base = resolve_query_views(base, self.paths.db_path)
         self.base_cfg = base
         drafter = None
-        if any(m in NEEDS_DRAFTER for m in cfg.methods):
+        if any(m in NEEDS_DRAFTER for m in method_of.values()):
             lm_cfg = self.vla.language_model.config
             drafter = load_drafter(self.paths.drafter_dir, lm_cfg, DTYPES[cfg.dtype])
         self.store = open_store(base, self.paths, None) if needs_store else None
-        self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.methods}
-        self.decoders = {m: HybridDecoder(self.vla, base.with_method(m), store=self.timed[m], drafter=drafter,
-                                          state_prior=prior) for m in cfg.methods}
+        self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.labels}
+        configs = {m: variants[m].config(base) if m in variants else base.with_method(m) for m in cfg.labels}
+        self.decoders = {m: HybridDecoder(self.vla, configs[m], store=self.timed[m], drafter=drafter,
+                                          state_prior=prior) for m in cfg.labels}
 
     def fingerprint(self) -> dict[str, Any]:
         from heisd_ros.core.config import to_dict

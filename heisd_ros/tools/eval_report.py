@@ -263,13 +263,13 @@ def _key(e: dict[str, Any]) -> tuple[int, int]:
 def _speedups(episodes: list[dict[str, Any]], ar_episodes: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
     """(speedup figures of `episodes` over `ar_episodes`, whether they were paired by (task, init state)).
 
-    Paired when both methods ran the same (task, init state) pairs; the wall and the CPU speedup are
-    ratios of means."""
+    Paired when `ar` ran every (task, init state) pair the method ran (a method run on a subset of the
+    episodes is compared with `ar` on that subset); the wall and the CPU speedup are ratios of means."""
     ar = {_key(e): e for e in ar_episodes}
     me = {_key(e): e for e in episodes}
-    paired = set(ar) == set(me)
+    paired = bool(me) and set(me) <= set(ar)
     if paired:
-        ar_episodes, episodes = [ar[k] for k in sorted(ar)], [me[k] for k in sorted(ar)]
+        ar_episodes, episodes = [ar[k] for k in sorted(me)], [me[k] for k in sorted(me)]
 
     def times(eps: list[dict[str, Any]], field: str) -> list[list[float]]:
         return [[s["ms"]["total"] if field == "total" else s[field] for s in e["steps"]] for e in eps]
@@ -277,6 +277,14 @@ def _speedups(episodes: list[dict[str, Any]], ar_episodes: list[dict[str, Any]])
     out = speedup_figures(times(ar_episodes, "total"), times(episodes, "total"), paired=paired)
     cpu = speedup_figures(times(ar_episodes, "cpu_ms"), times(episodes, "cpu_ms"), paired=paired)
     return {**out, "speedup_vs_ar_cpu": cpu["speedup_vs_ar"]}, paired
+
+
+def _ar_on(episodes: list[dict[str, Any]], ar: dict[tuple[int, int], dict[str, Any]]) -> dict[str, Any]:
+    """`ar`'s success and step latency on the episodes a subset method ran (its comparison row)."""
+    same = summarise_method("ar", [ar[_key(e)] for e in episodes])
+    keys = ("episodes", "successes", "success_rate", "success_rate_ci95", "mean_step_ms", "median_step_ms",
+            "p95_step_ms", "p99_step_ms")
+    return {k: same[k] for k in keys}
 
 
 def _identical_to_ar(episodes: list[dict[str, Any]], ar: dict[tuple[int, int], dict[str, Any]]) -> float:
@@ -307,6 +315,8 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
         all_paired = all_paired and paired
         if m != "ar" and ar_pairs:
             r["episodes_identical_to_ar"] = _identical_to_ar(by_method[m], ar_pairs)
+            if paired and len(by_method[m]) < len(ar_pairs):
+                r["ar_on_same_episodes"] = _ar_on(by_method[m], ar_pairs)
     search = {m: [x for e in by_method[m] for x in e.get("search_ms", [])] for m in methods}
     top5 = [x for m in methods for e in by_method[m] if e.get("search_k") == 5 for x in e.get("search_ms", [])]
     meta = dict(meta)

@@ -143,3 +143,23 @@ def test_eval_libero_smoke_report_and_resume(policy_dir: Path, tmp_path: Path) -
     assert [s["tokens"] for s in again[1]["steps"]] == [s["tokens"] for s in first[1]["steps"]]
     # Other settings do not mix into this log.
     assert eval_libero.main(_args(policy_dir, out, "--max-steps", "6")) == 2
+
+
+def test_variants_get_their_own_decoder_config(policy_dir: Path, tmp_path: Path) -> None:
+    from heisd_ros.tools.eval_policies import Policies
+    from heisd_ros.tools.eval_variants import parse_variants
+
+    args = eval_libero.build_parser().parse_args(_args(policy_dir, tmp_path / "v.json") + [
+        "--variants", "heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.enabled=false",
+        "--methods", "ar", "--subset-methods", "heisd_tau0,heisd_noskip", "--subset-init-states", "40"])
+    cfg = eval_libero.config_from_args(args)
+    assert cfg.variants == parse_variants(args.variants)
+    pol = Policies(cfg)
+    try:
+        assert set(pol.decoders) == {"ar", "heisd_tau0", "heisd_noskip"}
+        tau0, noskip = pol.decoders["heisd_tau0"].cfg, pol.decoders["heisd_noskip"].cfg
+        assert (tau0.method, tau0.fused_metric.tau, tau0.verify_skip.enabled) == ("heisd", 0.0, True)
+        assert (noskip.method, noskip.fused_metric.tau, noskip.verify_skip.enabled) == ("heisd", -1.0, False)
+        assert pol.decoders["ar"].cfg.method == "ar"
+    finally:
+        pol.close()
