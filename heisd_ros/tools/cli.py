@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-db": ("heisd_ros.tools.build_db", "build the Qdrant demonstration database"),
     "calibrate": ("heisd_ros.tools.calibrate", "calibrate the fused metric and verify-skip thresholds"),
     "eval-libero": ("heisd_ros.tools.eval_libero", "closed-loop LIBERO evaluation of every method"),
+    "choose-point": ("heisd_ros.tools.choose_point", "pick the operating point from a calibration run"),
     "publish-mini": ("heisd_ros.tools.publish_mini", "write the committed compact copy of the mini policy"),
 }
 
