@@ -93,12 +93,16 @@ class DrafterSession:
     """The drafter's KV cache for one control step, and EAGLE-2 tree expansion."""
 
     def __init__(self, drafter: EagleDrafter, target_embed: nn.Embedding, head_weight: torch.Tensor,
-                 logit_bias: torch.Tensor | None = None) -> None:
+                 first_token_id: int, logit_bias: torch.Tensor | None = None) -> None:
         from transformers import DynamicCache
 
         self.drafter = drafter
         self.embed = target_embed
         self.head_weight = head_weight
+        self.first_token_id = first_token_id
+        """Token id of head_weight's row 0 (the VLA's `action_tokenizer.first_token_id`): the
+        embedding may have more rows than the vocabulary (OpenVLA pads 32000 to 32064), so it
+        cannot be read off the embedding's size."""
         self.logit_bias = logit_bias
         """[7, 256]: the verifier's per-action-index bias (`TargetSession.logit_bias`), added here
         too so the drafter proposes what the verifier will pick."""
@@ -160,11 +164,10 @@ class DrafterSession:
             logits = logits + self.logit_bias[min(action_index, self.logit_bias.shape[0] - 1)].to(logits.device)
         logp = torch.log_softmax(logits, dim=-1)
         top = torch.topk(logp, k, dim=-1)
-        first = self.embed.num_embeddings - 256
         out = []
         for parent, score, lps, idx in zip(parents, scores, top.values.tolist(), top.indices.tolist()):
             for lp, j in zip(lps, idx):
-                nodes.append(_Node(token=first + j, parent=parent, score=score + lp))
+                nodes.append(_Node(token=self.first_token_id + j, parent=parent, score=score + lp))
                 out.append(len(nodes) - 1)
         return out
 

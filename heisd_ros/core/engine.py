@@ -313,7 +313,8 @@ class HybridDecoder:
         target = TargetSession(self.vla.language_model, self.head, logit_bias=bias)
         drafter = None
         if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:
-            drafter = DrafterSession(self.drafter, self.vla.get_input_embeddings(), self.head, logit_bias=bias)
+            drafter = DrafterSession(self.drafter, self.vla.get_input_embeddings(), self.head,
+                                     self.vla.action_tokenizer.first_token_id, logit_bias=bias)
         return _StepDecode(target, drafter, prompt)
 
     def _prior_bias(self, obs: Observation) -> torch.Tensor | None:

@@ -27,7 +27,8 @@ SEEDS = range(50)
 def new_decode(vla, obs, drafter=None) -> _StepDecode:
     _, patches = embed_views(vla, [obs.images["agentview"], obs.images["wrist"]])
     prompt = vla.prompt_embeds(obs.instruction, vla.projector(patches[0]))[0]
-    session = DrafterSession(drafter, vla.get_input_embeddings(), vla.action_head_weight()) if drafter else None
+    session = DrafterSession(drafter, vla.get_input_embeddings(), vla.action_head_weight(),
+                             vla.action_tokenizer.first_token_id) if drafter else None
     return _StepDecode(TargetSession(vla.language_model, vla.action_head_weight()), session, prompt)
 
 
