@@ -1,20 +1,26 @@
 """Project HeiSD's speedup for OpenVLA-7B from measured component costs and recorded traces.
 
-One prepared script for a lent GPU machine (torch + transformers only, nothing to install, no
-download): it builds a random-initialised OpenVLA-7B-shaped model (DINOv2-L/14 + SigLIP-So400m/14
-vision towers at 224 px -> 256 patches, LLaMA-2-7B decoder, one-block EAGLE drafter), times
+The GPU run, one command from the repository root of the lent GPU machine (torch, transformers and
+safetensors as this repository pins them: carry the transformers wheel of requirements-runtime.txt
+where the machine's differs; nothing is downloaded, no checkpoint is needed):
 
-    vision (1 and 2 views), prefill (prompt), decode (1 token on the cache), fused prefill + a
-    retrieval sequence tree, a drafter-tree verification, one drafter round (extend + expansion)
+    python3 benchmarks/gpu_projection.py --shape openvla7b --device cuda --traces benchmarks/libero_object.json --out $OUT/gpu_projection.json
 
-and combines them with the per-mode mix and forwards per step recorded by `heisd bench --profile`
-or `heisd eval-libero` (JSON report) to project AR vs HeiSD step time on that GPU.
+about 3-5 minutes: the model is built on the GPU (~1 min), each cost is the median of --repeat runs.
+CPU check (the test runs this): --shape tiny --device cpu --dtype float32 --repeat 2.
 
-    python benchmarks/gpu_projection.py --shape openvla7b --traces benchmarks/libero_object.json \
-        --out benchmarks/gpu_projection.json          # on the GPU machine, about 3-5 minutes
-    python benchmarks/gpu_projection.py --shape tiny --device cpu --out /tmp/p.json   # CI
+The model is heisd_ros's native OpenVLA (`heisd_ros.models.openvla.OpenVLAModel`) built from the
+config.json of a checkpoint of that shape, with random weights: `openvla7b` has OpenVLA-7B's shapes
+(DINOv2 ViT-L/14 + SigLIP SO400M/14 towers at 224 px, 256 patches, fused projector, LLaMA-2-7B with
+the padded 32064-row embedding), `tiny` the test preset's. Action token ids come from the action
+tokenizer (31744-31999: the last 256 of the unpadded vocabulary), and an EAGLE drafter is built for
+its LLM. It times
 
-Sized for one device call of at most 6 minutes: model build ~1-2 min, timings ~1 min.
+    vision (1 and 2 views), projector, prefill (prompt), decode (1 token on the cache), fused
+    prefill + a retrieval sequence tree, a drafter-tree verification, one drafter round
+
+and combines them with the per-mode mix and forwards per step of a `heisd bench --profile` or
+`heisd eval-libero` JSON report to project AR vs HeiSD step time on that device.
 """
 
 from __future__ import annotations
@@ -23,38 +29,37 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # heisd_ros from this checkout, installed or not
+
+from heisd_ros.models.openvla_random import PRESETS
+
 SHAPES = {
-    # hidden, intermediate, layers, heads, kv heads, vocab, vision towers [(hidden, layers, heads, mlp)], patches
-    "openvla7b": dict(hidden=4096, inter=11008, layers=32, heads=32, kv=32, vocab=32064,
-                      towers=[(1024, 24, 16, 4096), (1152, 27, 16, 4304)], image=224, patch=14, text=20),
-    "tiny": dict(hidden=128, inter=256, layers=4, heads=4, kv=2, vocab=640,
-                 towers=[(64, 2, 4, 128)], image=64, patch=16, text=16),
+    # the random-checkpoint preset whose config.json gives the shape; prompt text tokens after BOS and patches
+    "openvla7b": {"checkpoint": PRESETS["openvla-widths"], "text": 20},
+    "tiny": {"checkpoint": PRESETS["tiny"], "text": 16},
 }
 
 
-def build(shape: dict, device: str, dtype: torch.dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM, ViTConfig, ViTModel
+def build(shape_name: str, device: str, dtype: torch.dtype):
+    """(arch, OpenVLAModel, EagleDrafter, ActionTokenizer) of `shape_name`, random weights, on `device`."""
+    from heisd_ros.core.action_tokenizer import ActionTokenizer
+    from heisd_ros.core.drafter import EagleDrafter
+    from heisd_ros.models.openvla import OpenVLAModel
+    from heisd_ros.models.openvla_config import parse_config
+    from heisd_ros.models.openvla_random import make_config
 
-    llm_cfg = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["inter"],
-                          num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                          num_key_value_heads=shape["kv"], max_position_embeddings=2048, attn_implementation="sdpa")
-    draft_cfg = LlamaConfig(**{**llm_cfg.to_dict(), "num_hidden_layers": 1, "vocab_size": 1,
-                               "bos_token_id": None, "eos_token_id": None, "pad_token_id": None})
-    with torch.device(device):
-        lm = LlamaForCausalLM(llm_cfg).to(dtype).eval()
-        towers = [ViTModel(ViTConfig(hidden_size=h, num_hidden_layers=n, num_attention_heads=a, intermediate_size=m,
-                                     image_size=shape["image"], patch_size=shape["patch"]),
-                           add_pooling_layer=False).to(dtype).eval() for h, n, a, m in shape["towers"]]
-        from heisd_ros.core.drafter import EagleDrafter
-
-        drafter = EagleDrafter(llm_cfg).to(dtype).eval()
-    del draft_cfg
-    return lm, towers, drafter
+    arch = parse_config(make_config(SHAPES[shape_name]["checkpoint"]), Path(f"{shape_name}/config.json"))
+    with torch.device(device):  # initialised where it runs: no 15 GB pass through host memory
+        model = OpenVLAModel(arch)
+        drafter = EagleDrafter(model.language_model.config)
+    return (arch, model.to(dtype).eval(), drafter.to(dtype).eval(),
+            ActionTokenizer(arch.action_vocab, arch.n_action_bins))
 
 
 def timeit(fn, device: str, repeat: int) -> float:
@@ -71,26 +76,41 @@ def timeit(fn, device: str, repeat: int) -> float:
     return statistics.median(times)
 
 
+def trees(first: int, tree_nodes: int, draft_depth: int, draft_top_k: int):
+    """(retrieval sequence tree of `tree_nodes` nodes, drafter tree of `draft_depth` levels of
+    `draft_top_k` siblings, the first of each level carrying the next), over action token ids from
+    `first` (the action tokenizer's: OpenVLA pads its embedding by 64 rows, so not its size - 256).
+    A forward's cost depends on the node count only."""
+    from heisd_ros.core.tree import DraftTree, chain_tree
+
+    seq_tree = chain_tree([first + i % 256 for i in range(tree_nodes)])
+    dtree = DraftTree()
+    parent = -1
+    for level in range(draft_depth):
+        children = [dtree.add(first + (level * draft_top_k + k) % 256, parent) for k in range(draft_top_k)]
+        parent = children[0]
+    return seq_tree, dtree
+
+
 @torch.inference_mode()
 def measure(shape_name: str, device: str, dtype: torch.dtype, repeat: int, tree_nodes: int, draft_depth: int,
             draft_top_k: int) -> dict:
     from transformers import DynamicCache
 
-    from heisd_ros.core.tree import chain_tree, DraftTree
     from heisd_ros.core.verifier import build_attention, llama_forward
 
-    shape = SHAPES[shape_name]
     t0 = time.perf_counter()
-    lm, towers, drafter = build(shape, device, dtype)
+    arch, model, drafter, action_tokens = build(shape_name, device, dtype)
     build_s = time.perf_counter() - t0
-    n_patch = (shape["image"] // shape["patch"]) ** 2
-    prompt_len = 1 + n_patch + shape["text"]
-    d = shape["hidden"]
+    lm = model.language_model
+    prompt_len = 1 + arch.patch_tokens + SHAPES[shape_name]["text"]
+    d = lm.config.hidden_size
     prompt = torch.randn(prompt_len, d, device=device, dtype=dtype) * 0.02
-    px = torch.randn(2, 3, shape["image"], shape["image"], device=device, dtype=dtype)
+    px = torch.randn(2, 3 * len(arch.towers), arch.image_size, arch.image_size, device=device, dtype=dtype)
+    patches = model.vision_backbone(px[:1])[0]
 
     def vision(views: int):
-        return lambda: [t(pixel_values=px[:views]) for t in towers]
+        return lambda: model.vision_backbone(px[:views])
 
     def fresh_prefill():
         cache = DynamicCache(config=lm.config)
@@ -98,13 +118,7 @@ def measure(shape_name: str, device: str, dtype: torch.dtype, repeat: int, tree_
         llama_forward(lm.model, prompt[None], m, p, cache)
         return cache
 
-    first = lm.config.vocab_size - 256
-    seq_tree = chain_tree([first + i % 256 for i in range(tree_nodes)])  # cost depends on the node count only
-    dtree = DraftTree()  # depth levels of top_k siblings, the first of each level carrying the next
-    parent = -1
-    for level in range(draft_depth):
-        children = [dtree.add(first + level * draft_top_k + k, parent) for k in range(draft_top_k)]
-        parent = children[0]
+    seq_tree, dtree = trees(action_tokens.first_token_id, tree_nodes, draft_depth, draft_top_k)
 
     def fused():
         cache = DynamicCache(config=lm.config)
@@ -144,6 +158,7 @@ def measure(shape_name: str, device: str, dtype: torch.dtype, repeat: int, tree_
     costs = {
         "vision_1view_ms": timeit(vision(1), device, repeat),
         "vision_2views_ms": timeit(vision(2), device, repeat),
+        "projector_ms": timeit(lambda: model.projector(patches), device, repeat),
         "prefill_ms": timeit(fresh_prefill, device, repeat),
         "decode_ms": timeit(on_cache(1), device, repeat),
         "fused_prefill_tree_ms": timeit(fused, device, repeat),
@@ -152,22 +167,34 @@ def measure(shape_name: str, device: str, dtype: torch.dtype, repeat: int, tree_
         "drafter_call_ms": timeit(drafter_call, device, repeat),
     }
     return {"shape": shape_name, "prompt_tokens": prompt_len, "tree_nodes": tree_nodes,
-            "drafter_tree_nodes": len(dtree), "build_s": build_s, "costs_ms": costs}
+            "drafter_tree_nodes": len(dtree), "build_s": build_s, "costs_ms": costs,
+            "model": summary(arch, model, action_tokens)}
+
+
+def summary(arch, model, action_tokens) -> dict:
+    """What was timed: the model class, its size, the action ids and the vision input."""
+    return {"class": "heisd_ros.models.openvla.OpenVLAModel (random weights)",
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "embedding_rows": model.language_model.get_input_embeddings().num_embeddings,
+            "action_token_ids": [action_tokens.first_token_id, action_tokens.vocab_size - 1],
+            "patch_tokens": arch.patch_tokens, "image_size": arch.image_size,
+            "towers": [t.timm_id for t in arch.towers]}
 
 
 def project(costs: dict, traces: dict, retrieval_ms: float, draft_depth: int) -> dict:
-    """AR and HeiSD step time from component costs and a report's per-mode figures."""
+    """AR and HeiSD step time from component costs and a report's per-mode figures (a bench report
+    has them under heisd.profile.modes, an eval-libero report under heisd.modes)."""
     c = costs
-    ar = c["vision_1view_ms"] + c["prefill_ms"] + 6 * c["decode_ms"]
+    ar = c["vision_1view_ms"] + c["projector_ms"] + c["prefill_ms"] + 6 * c["decode_ms"]
     heisd = traces.get("heisd", {})
-    modes = heisd.get("profile", {}).get("modes", {})
+    modes = heisd.get("profile", {}).get("modes") or heisd.get("modes", {})
     mix = heisd.get("mode_mix", {})
     drafter_round = c["verify_drafter_tree_ms"] + draft_depth * c["drafter_call_ms"]
-    per_mode = {
+    per_mode = {  # a skipped step runs neither the projector nor the LLM
         "skip": c["vision_2views_ms"] + retrieval_ms,
-        "retrieval": c["vision_2views_ms"] + retrieval_ms + c["fused_prefill_tree_ms"]
+        "retrieval": c["vision_2views_ms"] + retrieval_ms + c["projector_ms"] + c["fused_prefill_tree_ms"]
         + max(modes.get("retrieval", {}).get("forwards_per_step", 1.0) - 1.0, 0.0) * drafter_round,
-        "drafter": c["vision_1view_ms"] + c["prefill_ms"] + c["drafter_extend_prompt_ms"]
+        "drafter": c["vision_1view_ms"] + c["projector_ms"] + c["prefill_ms"] + c["drafter_extend_prompt_ms"]
         + max(modes.get("drafter", {}).get("forwards_per_step", 2.0) - 1.0, 0.0) * drafter_round,
     }
     mean = sum(mix.get(m, 0.0) * t for m, t in per_mode.items())
@@ -206,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                        "repeat": args.repeat}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(json.dumps({"costs_ms": result["costs_ms"], "projection": result["projection"]}, indent=2))
+    print(json.dumps({"model": result["model"], "costs_ms": result["costs_ms"], "projection": result["projection"]},
+                     indent=2))
     return 0
 
 

@@ -127,8 +127,11 @@ def build_llama_like_tokenizer(words: tuple[str, ...] = tuple(DEFAULT_WORDS.spli
 
 def write_tokenizer_files(directory: Path, tokenizer) -> None:
     """tokenizer.json, tokenizer_config.json, special_tokens_map.json, added_tokens.json as an
-    OpenVLA checkpoint has them."""
-    tokenizer.save(str(directory / TOKENIZER_FILE))
+    OpenVLA checkpoint has them. BPE merges are written as "a b" strings, as published
+    tokenizer.json files have them (tokenizers < 0.20, which OpenVLA's own code pins, reads no other form)."""
+    data = json.loads(tokenizer.to_str())
+    data["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in data["model"]["merges"]]
+    (directory / TOKENIZER_FILE).write_text(json.dumps(data, ensure_ascii=False, indent=2))
     specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": PAD_TOKEN}
     config = dict(specials, add_bos_token=True, add_eos_token=False, model_max_length=2048, padding_side="right",
                   tokenizer_class="LlamaTokenizer", legacy=False, clean_up_tokenization_spaces=False)

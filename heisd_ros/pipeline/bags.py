@@ -5,8 +5,9 @@ machine without ROS 2. Every bag shares one typestore: the ROS 2 (Kilted) standa
 heisd_ros's own (msg/*.msg: ArmCommand, DecodeStats).
 
 - `BagTopics`: the policy node's default topics, as recordings carry them;
-- reading: `read_messages` (log time, raw CDR, message and header stamp of each message),
-  `read_topics`, `topic_counts`, `image_rgb`; a damaged bag raises `BagError` naming it;
+- reading: `read_messages` (log time, raw CDR, message and header stamp of each message, read
+  lazily in log-time order: one storage chunk at a time, whatever the bag's length), `read_topics`,
+  `topic_counts`, `topic_types`, `image_rgb`; a damaged bag raises `BagError` naming it;
 - writing: `BagWriter` and the message builders (`header`, `image_msg`, `compressed_image_msg`,
   `pose_msg`, `joint_state_msg`, `arm_command_msg`); `restamp_cdr` moves a header stamp.
 
@@ -182,12 +183,31 @@ def read_topics(path: str | Path, topics: Iterable[str] | None = None) -> dict[s
     return out
 
 
-def topic_counts(path: str | Path) -> dict[str, int]:
-    """Topic -> message count, from the bag's metadata.yaml (the storage file is not opened)."""
+def _topic_metadata(path: str | Path, field: str, convert: Any) -> dict[str, Any]:
+    """Topic -> `convert(topic_metadata[field])` (or of the entry's own `field`) for every topic of
+    a bag's metadata.yaml (the storage file is not opened)."""
     import yaml
 
-    meta = yaml.safe_load((Path(path) / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
-    return {t["topic_metadata"]["name"]: t["message_count"] for t in meta["topics_with_message_count"]}
+    path = Path(path)
+    try:
+        meta = yaml.safe_load((path / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+        out = {}
+        for e in meta["topics_with_message_count"] or []:
+            value = e[field] if field in e else e["topic_metadata"][field]
+            out[str(e["topic_metadata"]["name"])] = convert(value)
+        return out
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, ValueError) as err:
+        raise BagError(f"cannot read bag {path}: metadata.yaml: {type(err).__name__}: {err}") from err
+
+
+def topic_counts(path: str | Path) -> dict[str, int]:
+    """Topic -> message count, from the bag's metadata.yaml (the storage file is not opened)."""
+    return _topic_metadata(path, "message_count", int)
+
+
+def topic_types(path: str | Path) -> dict[str, str]:
+    """Topic -> message type (e.g. sensor_msgs/msg/Image), from the bag's metadata.yaml."""
+    return _topic_metadata(path, "type", str)
 
 
 def image_rgb(msg: Any) -> np.ndarray:

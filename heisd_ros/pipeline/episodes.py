@@ -1,28 +1,30 @@
-"""Demonstration episodes for the mini VLA tools: LIBERO-layout HDF5 files and rosbag2 recordings.
+"""Demonstration episodes for the heisd tools: LIBERO-layout HDF5 files here; rosbag2 recordings
+(`heisd_ros.pipeline.teleop_bags`) and LeRobot datasets (`heisd_ros.pipeline.lerobot_dataset`)
+give the same records.
 
-Both sources give `DemoEpisode`s (raw 7-D actions, end-effector positions, one uint8 image
-stream per view, the instruction). Episodes are listed first (`EpisodeRef`, no pixels) and loaded
-one at a time, so a whole suite never has to sit in memory.
+Every source gives `DemoEpisode`s (7-D actions in the policy's convention,
+`heisd_ros.pipeline.action_convention`; end-effector positions; one uint8 image stream per view;
+the instruction). Episodes are listed first (`EpisodeRef`, no pixels) and loaded one at a time, so
+a whole suite never has to sit in memory.
 
 Episode numbers are stable, so database point ids (dataset/episode/step) stay the same when a
-file grows: HDF5 demo i of task index k is episode k * 1000 + i; a bag `<task>/demo_i` is episode
-(crc32(task) mod 100000) * 1000 + i.
+source grows: HDF5 demo i of task index k is episode k * 1000 + i; a LeRobot episode keeps its
+episode_index; bags are numbered by `teleop_bags.episode_number`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from heisd_ros.core.errors import DataFileError, HeisdError
+from heisd_ros.core.errors import DataFileError
 from heisd_ros.core.gripper import finger_gap
-from heisd_ros.pipeline.bags import BagError, BagTopics, image_rgb, read_messages
+from heisd_ros.pipeline.action_convention import DemoDataError
 from heisd_ros.pipeline.data_checks import check_demo_hdf5
 
 log = logging.getLogger(__name__)
@@ -31,10 +33,6 @@ VIEWS = ("agentview", "wrist")
 """View names, primary (prompt) view first; the retrieval query uses all of them (docs/design.md §4)."""
 HDF5_KEYS = {"agentview": "agentview_rgb", "wrist": "eye_in_hand_rgb"}
 EPISODES_PER_TASK = 1000
-
-
-class DemoDataError(HeisdError):
-    """Demonstrations cannot be found or read."""
 
 
 @dataclass
@@ -47,7 +45,7 @@ class DemoEpisode:
     instruction: str
     episode: int
     source: str
-    actions: np.ndarray  # [T, 7] raw (unnormalised)
+    actions: np.ndarray  # [T, 7] unnormalised, in the policy's convention
     ee_pos: np.ndarray  # [T, 3] m
     images: dict[str, np.ndarray] = field(default_factory=dict)  # view -> [T, H, W, 3] uint8
     success: bool = True
@@ -59,6 +57,10 @@ class DemoEpisode:
         return int(self.actions.shape[0])
 
     def views(self, t: int, views: Sequence[str] = VIEWS) -> list[np.ndarray]:
+        missing = [v for v in views if v not in self.images]
+        if missing:
+            raise DemoDataError(f"{self.source} has no {missing} view (it has {sorted(self.images)}): map a camera "
+                                "to it, or pool fewer views (heisd build-db --query-views 1)")
         return [self.images[v][t] for v in views]
 
     def finger_gap(self, t: int) -> float | None:
@@ -69,7 +71,8 @@ class DemoEpisode:
 
 @dataclass(frozen=True)
 class EpisodeRef:
-    """Where an episode lives, without its pixels: `kind` 'hdf5' (path + demo group) or 'bag' (path)."""
+    """Where an episode lives, without its pixels: `kind` 'hdf5' (path + demo group), 'bag' (a
+    rosbag2 directory) or 'lerobot' (a dataset directory + episode index)."""
 
     kind: str
     path: str
@@ -79,6 +82,8 @@ class EpisodeRef:
     episode: int
     length: int
     init_state_index: int = -1
+    reader: Any = None
+    """How a bag or LeRobot episode is read (`BagReading`, `LeRobotReading`); None = the defaults."""
 
     @property
     def source(self) -> str:
@@ -87,8 +92,11 @@ class EpisodeRef:
 
     @property
     def key(self) -> str:
-        """Stable cache key of the episode's pixels."""
-        return f"{Path(self.path).stem}__{self.demo}" if self.kind == "hdf5" else f"bag__{self.dataset}__{self.episode}"
+        """Stable cache key of the episode's pixels (and of what else the reading options change)."""
+        if self.kind == "hdf5":
+            return f"{Path(self.path).stem}__{self.demo}"
+        options = "" if self.reader is None else f"__{self.reader.digest()}"
+        return f"{self.kind}__{self.dataset}__{self.episode}{options}"
 
 
 def _demo_index(name: str) -> int:
@@ -177,114 +185,35 @@ def load_hdf5_episode(ref: EpisodeRef, with_images: bool = True) -> DemoEpisode:
         raise DemoDataError(f"cannot read {ref.path}:{ref.demo}: {err}") from err
 
 
-# -- rosbag2 -------------------------------------------------------------------------------------
-
-MAX_SKEW_S = 0.025
-"""Largest |stamp difference| between a command and the image/pose it is paired with (s)."""
-
-
-def bag_dirs(bags: str | Path) -> list[Path]:
-    """rosbag2 directories (those holding metadata.yaml) under `bags`, sorted."""
-    root = Path(bags)
-    found = sorted({p.parent for p in root.rglob("metadata.yaml")})
-    if not found:
-        raise DemoDataError(f"no rosbag2 recordings (metadata.yaml) under {root}")
-    return found
-
-
-def _bag_episode_number(bag: Path) -> int:
-    m = re.search(r"(\d+)$", bag.name)
-    idx = int(m.group(1)) if m else zlib.crc32(bag.name.encode()) % EPISODES_PER_TASK
-    return (zlib.crc32(bag.parent.name.encode()) % 100000) * EPISODES_PER_TASK + idx % EPISODES_PER_TASK
-
-
-def _nearest(stamps: np.ndarray, t: int) -> int:
-    i = int(np.searchsorted(stamps, t))
-    cands = [j for j in (i - 1, i) if 0 <= j < len(stamps)]
-    return min(cands, key=lambda j: abs(int(stamps[j]) - t))
-
-
-def _bag_streams(bag: Path, topics: BagTopics) -> dict[str, list[tuple[int, Any]]]:
-    """topic -> [(header stamp ns, or log time without a header, message)] of the topics an episode reads."""
-    wanted = {t for _, t in topics.images} | {topics.ee_pose, topics.instruction, topics.command, topics.joint_states}
-    streams: dict[str, list[tuple[int, Any]]] = {t: [] for t in wanted}
-    try:
-        for r in read_messages(bag, wanted):
-            streams[r.topic].append((r.t_ns if r.stamp_ns is None else r.stamp_ns, r.msg))
-    except BagError as err:
-        raise DemoDataError(str(err)) from err
-    return streams
-
-
-def _rgb(bag: Path, msg: Any) -> np.ndarray:
-    try:
-        return image_rgb(msg)
-    except BagError as err:
-        raise DemoDataError(f"{bag}: {err}") from err
-
-
-def load_bag_episode(bag: str | Path, dataset: str, topics: BagTopics = BagTopics(),
-                     max_skew_s: float = MAX_SKEW_S) -> DemoEpisode:  # fmt: skip
-    """Read one recording on the node's topics (as `heisd gen-demos` exports them): each command is
-    paired with the image of every view and the pose nearest to it in header stamp (within
-    `max_skew_s`); commands without a match are dropped. The finger joints are optional."""
-    bag = Path(bag)
-    streams = _bag_streams(bag, topics)
-    if not streams[topics.instruction]:
-        raise DemoDataError(f"{bag}: no message on {topics.instruction}")
-    instruction = str(streams[topics.instruction][0][1].data).strip()
-    commands = sorted(streams[topics.command], key=lambda x: x[0])
-    if not commands:
-        raise DemoDataError(f"{bag}: no message on {topics.command}")
-    skew = int(max_skew_s * 1e9)
-    series = {t: sorted(streams[t], key=lambda x: x[0]) for t in [v for _, v in topics.images] + [topics.ee_pose]}
-    for t, s in series.items():
-        if not s:
-            raise DemoDataError(f"{bag}: no message on {t}")
-    stamp_arrays = {t: np.array([x[0] for x in s], dtype=np.int64) for t, s in series.items()}
-    fingers = _finger_series(streams[topics.joint_states], topics.finger_joints)
-    finger_stamps = np.array([s for s, _ in fingers], dtype=np.int64)
-    actions, poses, frames, finger_rows = [], [], {v: [] for v, _ in topics.images}, []
-    for stamp, cmd in commands:
-        picks = {t: _nearest(stamp_arrays[t], stamp) for t in series}
-        if any(abs(int(stamp_arrays[t][i]) - stamp) > skew for t, i in picks.items()):
-            continue
-        actions.append(np.concatenate([np.asarray(cmd.delta_position, float), np.asarray(cmd.delta_rotation, float), [float(cmd.gripper)]]))
-        p = series[topics.ee_pose][picks[topics.ee_pose]][1].pose.position
-        poses.append([p.x, p.y, p.z])
-        for view, topic in topics.images:
-            frames[view].append(_rgb(bag, series[topic][picks[topic]][1]))
-        j = _nearest(finger_stamps, stamp) if len(fingers) else -1
-        finger_rows.append(fingers[j][1] if j >= 0 and abs(int(finger_stamps[j]) - stamp) <= skew else None)
-    if not actions:
-        raise DemoDataError(f"{bag}: no command could be paired with images and a pose within {max_skew_s} s")
-    # the finger positions only where every kept step has them: a partial series would silently
-    # mix measured and missing gaps
-    qpos = np.asarray(finger_rows, float) if all(r is not None for r in finger_rows) else None
-    return DemoEpisode(dataset, instruction, instruction, _bag_episode_number(bag), str(bag),
-                       np.stack(actions), np.asarray(poses, float), {v: np.stack(f) for v, f in frames.items()},
-                       gripper_qpos=qpos)
-
-
-def _finger_series(messages: list[tuple[int, Any]], names: tuple[str, str]) -> list[tuple[int, np.ndarray]]:
-    """(stamp, [q1, q2]) of the JointState messages that name both finger joints, by stamp."""
-    out = []
-    for stamp, msg in messages:
-        listed = list(msg.name)
-        if all(n in listed for n in names) and len(msg.position) == len(listed):
-            out.append((stamp, np.array([float(msg.position[listed.index(n)]) for n in names])))
-    return sorted(out, key=lambda x: x[0])
-
-
-def scan_bags(bags: str | Path, dataset: str) -> list[EpisodeRef]:
-    """EpisodeRefs of the recordings under `bags` (the task is read from the bag when loaded)."""
-    return [EpisodeRef("bag", str(b), b.name, dataset, b.parent.name, _bag_episode_number(b), -1) for b in bag_dirs(bags)]
+# -- rosbag2 and LeRobot (heisd_ros.pipeline.teleop_bags, heisd_ros.pipeline.lerobot_dataset) ------
 
 
 def load_episode(ref: EpisodeRef, with_images: bool = True) -> DemoEpisode:
+    """The episode `ref` names, from whichever source it lives in, actions in the policy's convention."""
     if ref.kind == "hdf5":
         return load_hdf5_episode(ref, with_images)
-    return load_bag_episode(ref.path, ref.dataset)
+    if ref.kind == "lerobot":
+        from heisd_ros.pipeline.lerobot_dataset import load_lerobot_episode
+
+        return load_lerobot_episode(ref, with_images)
+    if ref.kind == "bag":
+        from heisd_ros.pipeline.teleop_bags import load_bag_episode
+
+        return load_bag_episode(ref.path, ref.dataset, ref.reader, with_images, episode=ref.episode)
+    raise DemoDataError(f"unknown episode source {ref.kind!r}")
+
+
+_BAG_NAMES = ("load_bag_episode", "scan_bags", "bag_dirs", "_finger_series", "MAX_SKEW_S")
+
+
+def __getattr__(name: str):
+    """The bag reader's names, still importable from here (teleop_bags imports this module, so
+    they are looked up on first use rather than imported at the top)."""
+    if name in _BAG_NAMES:
+        from heisd_ros.pipeline import teleop_bags
+
+        return getattr(teleop_bags, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- splits --------------------------------------------------------------------------------------

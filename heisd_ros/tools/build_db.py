@@ -3,9 +3,14 @@
 Usage:
     heisd build-db --model artifacts/mini_vla --demos artifacts/demos/libero_object --out artifacts/mini_db
     heisd build-db --model artifacts/mini_vla --bags artifacts/demos/libero_object/bags --out artifacts/mini_db_bags
+    heisd build-db --model my_vla --bags recordings --instruction "put the cup on the plate" --out my_db \
+        --map /cam_high/image_raw=agentview,/cam_wrist/image_raw=wrist,/ee_pose=pose,/teleop/cmd=action,/gripper=gripper
+    heisd build-db --model my_vla --lerobot my_dataset --out my_db \
+        --map observation.images.front=agentview,observation.images.wrist=wrist,observation.state[0:3]=pose
         [--tasks 0-9] [--dataset NAME] [--collection heisd_demos] [--fresh] [--latency-queries 200] [--threads 1]
         [--dtype float32|bfloat16]   (the dtype the policy runs in; a different dtype re-embeds everything)
         [--query-views N]            (the leading views the query pools, 0 = all; recorded in the manifest)
+        [--gripper-open-positive] [--gripper-range LO,HI] [--twist-linear-scale S] [--trust-actions] ...
 
 One point per demo step: `obs` = the VLA's own backbone over both views, or over the first
 `--query-views` of them (`embed_views`, the very function the live query uses), `feat` /
@@ -13,10 +18,16 @@ One point per demo step: `obs` = the VLA's own backbone over both views, or over
 tokens are teacher-forced (this step / the previous one), and the instruction as the task
 partition.
 
-Sources: LIBERO-layout HDF5 files (`--demos`) and/or rosbag2 recordings (`--bags`: every
-directory holding a metadata.yaml below it; topics /agentview/image_raw, /wrist/image_raw,
-/ee_pose, /instruction, /arm_command, paired by header stamp). Give one source per set of
-episodes: the same episode from both would be stored twice under different ids.
+Sources (`heisd_ros.pipeline.sources`; docs/your_data.md walks through them): LIBERO-layout HDF5
+files (`--demos`), rosbag2 recordings (`--bags`: every directory holding a metadata.yaml below it;
+by default on the node's topics, as `heisd gen-demos` exports them; `--map` names the topics of
+other recordings) and LeRobot datasets (`--lerobot`, with `--map` naming its cameras and pose).
+Give one source per set of episodes: the same episode from two would be stored twice.
+
+Before anything is embedded, every episode's actions are read and checked against the action
+convention (7-D deltas + gripper, -1 open; `heisd_ros.pipeline.action_convention`) and the
+model's action statistics; a source that does not fit is refused with the dimensions and ranges
+that do not, and the flags that declare its convention.
 
 Idempotent (point id = hash of dataset/episode/step) and resumable: `<out>/build_db_manifest.json`
 records the model and the episodes already stored, so a killed run continues where it stopped;
@@ -31,17 +42,21 @@ import argparse
 import dataclasses
 import json
 import shutil
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.action_convention import DemoDataError
 from heisd_ros.pipeline.episodes import VIEWS
 from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
+from heisd_ros.pipeline.sources import EpisodeSources, SourceOptions
 from heisd_ros.store.manifest import MANIFEST
+from heisd_ros.tools.source_args import add_source_arguments, pop_options
 
 REPORT = "build_db_report.json"
 
@@ -53,12 +68,16 @@ class BuildDbConfig:
     model: str = "artifacts/mini_vla"
     demos: str = ""
     bags: str = ""
+    lerobot: str = ""
     out: str = "artifacts/mini_db"
     dataset: str = ""
-    """Dataset name in point ids ('' = the HDF5 'suite' attribute; '<bags dir>_bags' for bags)."""
+    """Dataset name in point ids ('' = the HDF5 'suite' attribute; '<bags dir>_bags' for bags; the
+    LeRobot directory's name)."""
     collection: str = "heisd_demos"
     tasks: tuple[int, ...] | None = None
-    """HDF5 task indices to store (None = every file)."""
+    """HDF5 or LeRobot task indices to store (None = all)."""
+    source_options: SourceOptions = field(default_factory=SourceOptions)
+    """How bags and LeRobot datasets are read (`--map`, the action convention, ...)."""
     fresh: bool = False
     train_split_only: bool = False
     """Leave out the episodes the model held out in training (its train_log.json), so open-loop
@@ -83,8 +102,7 @@ class BuildDbConfig:
             raise ConfigError(f"query_views must be in [0, {len(VIEWS)}] (0 = all), got {self.query_views}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        if not self.demos and not self.bags:
-            raise ConfigError("give --demos (LIBERO HDF5) and/or --bags (rosbag2 recordings)")
+        EpisodeSources.of(self)  # at least one source, and options that fit it (ConfigError)
         if self.latency_queries < 0 or self.top_k < 1 or self.batch_size < 1 or self.threads < 1:
             raise ConfigError("latency_queries >= 0, top_k, batch_size and threads >= 1")
 
@@ -128,6 +146,7 @@ def run(cfg: BuildDbConfig) -> dict:
     query_views = cfg.query_views or len(VIEWS)
     manifest = _current_manifest(out / MANIFEST, cfg, digest, query_views)
     refs, held_out = _episode_refs(cfg)
+    action_check = EpisodeSources.of(cfg).check(refs, vla.stats())
     obs_dim = vla.query_dim * query_views
     store = make_store(StoreConfig(backend="edge", path=str(out), collection=cfg.collection),
                        obs_dim=obs_dim, feat_dim=vla.hidden_size, create=True)
@@ -150,6 +169,7 @@ def run(cfg: BuildDbConfig) -> dict:
         "git_revision": git_revision(),
         "threads": cfg.threads,
         "model_digest": digest, "dtype": cfg.dtype, "query_views": query_views,
+        "action_check": action_check,
         "episodes": len(refs), "held_out_left_out": len(held_out) if cfg.train_split_only else 0,
         "episodes_skipped_as_done": skipped, "points_written": written,
         "points": total, "tasks": tasks, "obs_dim": obs_dim, "feat_dim": vla.hidden_size,
@@ -175,9 +195,9 @@ def _current_manifest(path: Path, cfg: BuildDbConfig, digest: str, query_views: 
 
 def _episode_refs(cfg: BuildDbConfig) -> tuple[list, set[str]]:
     """(the episodes to store, the model's held-out sources left out with --train-split-only)."""
-    from heisd_ros.pipeline.features import collect_refs, held_out_sources
+    from heisd_ros.pipeline.features import held_out_sources
 
-    refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
+    refs = EpisodeSources.of(cfg).refs()
     held_out: set[str] = set()
     if cfg.train_split_only:
         held_out = held_out_sources(cfg.model)
@@ -225,12 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="heisd build-db", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=d.model, help="VLA directory (heisd train-vla --out)")
-    p.add_argument("--demos", default="", help="directory of LIBERO-layout *.hdf5 files (or one file)")
-    p.add_argument("--bags", default="", help="directory with rosbag2 recordings below it")
     p.add_argument("--out", default=d.out, help="database directory (embedded Qdrant Edge)")
-    p.add_argument("--dataset", default="", help="dataset name in the point ids (default: from the source)")
     p.add_argument("--collection", default=d.collection)
-    p.add_argument("--tasks", default=None, help="HDF5 task indices, e.g. 0-7 (default: every file)")
     p.add_argument("--fresh", action="store_true", help="delete an existing database at --out first")
     p.add_argument("--train-split-only", action="store_true",
                    help="leave out the episodes the model held out in training (open-loop benchmarks on them)")
@@ -244,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--query-views", type=int, default=d.query_views,
                    help="leading views (agentview, wrist) the retrieval query pools; 0 = all (default)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_source_arguments(p)
     return p
 
 
@@ -252,8 +269,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = vars(build_parser().parse_args(argv))
     args["tasks"] = parse_tasks(args["tasks"])
-    cfg = BuildDbConfig(**args)
-    r = run(cfg)
+    options = pop_options(args)
+    try:
+        cfg = BuildDbConfig(**args, source_options=options)
+        r = run(cfg)
+    except (ConfigError, DemoDataError) as err:
+        print(f"heisd build-db: {err}", file=sys.stderr)
+        return 2
     lat = r["search_latency"]
     lat_s = f", Top-{lat['top_k']} median {lat['median_ms']:.2f} ms / p95 {lat['p95_ms']:.2f} ms" if lat else ""
     print(f"build-db: {r['points']} points, {len(r['tasks'])} tasks, {r['disk_mb']:.0f} MB{lat_s}, "

@@ -2,7 +2,8 @@
 
 Usage:
     heisd calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos artifacts/demos/libero_object \
-        --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR] [--dataset NAME] [--tasks 0-9]
+        --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR | --lerobot DIR] [--map ...]
+        [--dataset NAME] [--tasks 0-9] (the source flags given to build-db: heisd_ros/tools/source_args.py)
         [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1]
         [--tau-rule balanced|cost] [--step-costs-from EVAL_LOG | --step-costs-ms D,RP,RF]
         [--pin-tau T] [--pin-min-similarity S] [--pin-max-consecutive-skips N]
@@ -12,7 +13,7 @@ Reads every point of the database (`heisd build-db --out`) and runs
 mean lm_head input of the VLA's own greedy AR decoding of the previous step (what the online
 verify-skip rule compares against a hit's `feat_prev`). Those need the demos' images (through the
 train-vla feature cache; the greedy decodes train-drafter cached are reused): pass the same
-`--demos` / `--bags` / `--dataset` as to build-db.
+source flags (`--demos` / `--bags` / `--lerobot`, `--map`, `--dataset`, ...) as to build-db.
 
 Writes the calibration file the node loads (`apply_calibration`), and with `--plots DIR` (needs
 matplotlib): `skip_similarity_distance.png` (similarity vs distance of retrieval pairs, pass rate
@@ -37,7 +38,7 @@ import argparse
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ import torch
 from heisd_ros.pipeline.calibration import TAU_RULES
 from heisd_ros.core.config import VerifySkipConfig
 from heisd_ros.core.errors import CalibrationError, ConfigError
+from heisd_ros.pipeline.sources import EpisodeSources, SourceOptions
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +58,15 @@ class CalibrateConfig:
     db: str = "artifacts/mini_db"
     demos: str = ""
     bags: str = ""
+    lerobot: str = ""
     dataset: str = ""
+    source_options: SourceOptions = field(default_factory=SourceOptions)
+    """How bags and LeRobot datasets are read: as given to build-db."""
     out: str = "artifacts/mini_calibration.json"
     plots: str = ""
     collection: str = "heisd_demos"
     tasks: tuple[int, ...] | None = None
-    """HDF5 task indices given to build-db, if any."""
+    """HDF5 or LeRobot task indices given to build-db, if any."""
     cache_dir: str = ""
     """Feature cache of train-vla (default: <model>_features)."""
     neighbours: int = 5
@@ -99,6 +104,12 @@ class CalibrateConfig:
             raise ConfigError("step_costs_ms takes three values: drafter, retrieval-pass, retrieval-fail")
         if self.tau_rule == "cost" and not (self.step_costs_from or self.step_costs_ms):
             raise ConfigError("--tau-rule cost needs --step-costs-from or --step-costs-ms")
+        if self.has_sources:
+            EpisodeSources.of(self)  # options that fit the sources (ConfigError)
+
+    @property
+    def has_sources(self) -> bool:
+        return bool(self.demos or self.bags or self.lerobot)
 
     def costs(self):
         from heisd_ros.pipeline.calibration import StepCosts
@@ -190,7 +201,7 @@ def write_plots(calib: dict, directory: str | Path) -> list[str]:
 def run(cfg: CalibrateConfig) -> dict:
     from heisd_ros.pipeline.calibration import apply_calibration, calibrate, save_calibration
     from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
-    from heisd_ros.pipeline.features import FeatureCache, GreedyCache, collect_refs
+    from heisd_ros.pipeline.features import FeatureCache, GreedyCache
     from heisd_ros.models.loader import load_policy_model
     from heisd_ros.store.factory import make_store
     from heisd_ros.pipeline.outputs import git_revision
@@ -207,13 +218,13 @@ def run(cfg: CalibrateConfig) -> dict:
         raise CalibrationError(f"the database at {cfg.db} holds no points")
     live_prev = None
     t_live = time.perf_counter()
-    if cfg.demos or cfg.bags:
+    if cfg.has_sources:
         cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
         cache, greedy = FeatureCache(cache_dir, vla), GreedyCache(cache_dir, vla, cfg.model, state_prior=prior)
-        refs = collect_refs(cfg.demos, cfg.bags, cfg.dataset, cfg.tasks)
+        refs = EpisodeSources.of(cfg).refs()
         live_prev = live_prev_features(vla, points, refs, cache, greedy, cfg.progress)
     else:
-        log.warning("no --demos/--bags: similarities use the stored feat vectors, not live features")
+        log.warning("no --demos/--bags/--lerobot: similarities use the stored feat vectors, not live features")
     live_s = time.perf_counter() - t_live
     t_cal = time.perf_counter()
     calib = calibrate(points, FusedMetricConfig(), neighbours=cfg.neighbours, max_points=cfg.max_points,
@@ -256,18 +267,16 @@ def pin_operating_point(calib: dict, tau: float | None, min_similarity: float | 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from heisd_ros.tools.source_args import add_source_arguments
+
     d = CalibrateConfig()
     p = argparse.ArgumentParser(prog="heisd calibrate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=d.model, help="VLA directory")
     p.add_argument("--db", default=d.db, help="database directory (heisd build-db --out)")
-    p.add_argument("--demos", default="", help="LIBERO HDF5 demos the database was built from (for live features)")
-    p.add_argument("--bags", default="", help="rosbag2 recordings the database was built from")
-    p.add_argument("--dataset", default="", help="dataset name given to build-db, if any")
     p.add_argument("--out", default=d.out, help="calibration file to write")
     p.add_argument("--plots", default="", help="directory for PNG plots (needs matplotlib)")
     p.add_argument("--collection", default=d.collection)
-    p.add_argument("--tasks", default=None, help="HDF5 task indices given to build-db, if any")
     p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
     p.add_argument("--neighbours", type=int, default=d.neighbours)
     p.add_argument("--max-points", type=int, default=d.max_points)
@@ -284,16 +293,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin-max-consecutive-skips", type=int, default=None,
                    help="write this N_max (verify-skips in a row) into the calibration file")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_source_arguments(p)  # the sources build-db read, for the live features
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     from heisd_ros.tools.args import parse_tasks
+    from heisd_ros.tools.source_args import pop_options
 
     args = vars(build_parser().parse_args(argv))
     args["tasks"] = parse_tasks(args["tasks"])
     args["step_costs_ms"] = tuple(float(x) for x in args["step_costs_ms"].split(",") if x.strip())
-    cfg = CalibrateConfig(**args)
+    options = pop_options(args)
+    cfg = CalibrateConfig(**args, source_options=options)
     c = run(cfg)
     fm, vs, meta = c["fused_metric"], c["verify_skip"], c["meta"]
     print(f"calibrate: tau {fm['tau']:.3f}, verify-skip {'on' if vs['enabled'] else 'off'} "

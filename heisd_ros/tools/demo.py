@@ -19,11 +19,14 @@ What it does, printing progress as it goes:
    minute); for the tiny policy (`--scene synthetic`), a synthetic rosbag2 (two camera views,
    end-effector pose, instruction) of held-out episodes written by `heisd_ros.tools.make_bag`;
 3. replays it with `heisd replay --start-node --fast` once per method: the real policy node, over
-   real ROS 2 topics, with the embedded Qdrant database, one decoded step per synchronised set;
+   real ROS 2 topics, with the embedded Qdrant database, one decoded step per synchronised set
+   (with the pose recorded with it); each method's node is warmed up first (the bag's first
+   --warmup-steps steps decoded unmeasured, then a fresh episode);
 4. prints per-method figures (mode mix; mean, median, p95 and p99 decode step; LLM forwards per
    step; accept length) and, with `ar` among the methods, the speed-up over plain autoregressive
    decoding (mean ar step / mean step; a bootstrap interval over the bag's episodes needs two or
-   more: --episodes), and writes them as JSON (`heisd replay`'s summary).
+   more: --episodes), and writes them as JSON (`heisd replay`'s summary) with its figures (mode
+   timeline, latency histograms, action traces against the recorded commands) under OUT/<time>/plots.
 
 The node's staleness limits are relaxed for the demo (replay on a busy CPU); on a robot keep the
 limits of config/policy.yaml.
@@ -78,6 +81,8 @@ class DemoConfig:
     """ROS domain (-1 = ROS_DOMAIN_ID from the environment)."""
     staleness_s: float = 5.0
     """image/pose staleness limits of the demo node."""
+    warmup_steps: int = 8
+    """The bag's first steps, decoded unmeasured before each method's node starts."""
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -87,6 +92,8 @@ class DemoConfig:
             raise ConfigError("episodes and steps must be >= 1")
         if not self.staleness_s > 0:
             raise ConfigError("staleness_s must be > 0")
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps must be >= 0")
         if self.scene not in ("auto", "synthetic", "libero"):
             raise ConfigError(f"scene must be auto, synthetic or libero, got {self.scene!r}")
         if self.libero_init_state not in EVAL_INIT_STATES:
@@ -234,12 +241,13 @@ def run(cfg: DemoConfig, say=print) -> dict:
     say(f"[3/3] replaying into the policy node, methods {', '.join(cfg.methods)}")
     rcfg = rp.ReplayConfig(fast=True, start_node=True, methods=cfg.methods, params_file=cfg.params_file,
                            params=tuple(params), out=str(run_dir / "output"), domain_id=cfg.domain_id,
-                           settle_s=0.5, step_timeout_s=60.0)  # fmt: skip
+                           settle_s=0.5, step_timeout_s=60.0, warmup_steps=cfg.warmup_steps,
+                           plots=str(run_dir / "plots"))  # fmt: skip
     result = rp.replay(bag, rcfg, progress=lambda m: say(f"      {m}"))
     result.update(demo_config=dataclasses.asdict(cfg), wall_s=time.monotonic() - t0, run_dir=str(run_dir))
     (run_dir / "result.json").write_text(json.dumps(result, indent=1))
     say(f"done in {result['wall_s']:.0f} s: input bag {bag}, node outputs {run_dir / 'output'}, "
-        f"figures {run_dir / 'result.json'}")  # fmt: skip
+        f"figures {run_dir / 'result.json'} and {run_dir / 'plots'}")  # fmt: skip
     return result
 
 

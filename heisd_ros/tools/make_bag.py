@@ -9,7 +9,9 @@ Per episode: the instruction (std_msgs/String), then per step the end-effector p
 (geometry_msgs/PoseStamped) and one image per view (sensor_msgs/Image or CompressedImage) whose
 stamps differ by at most `jitter_s`, and at the end the episode result (std_msgs/Bool). The scenes
 come from `heisd_ros.sim.synthetic` (the tiny model's world) with their own seed, so a bag is
-held-out data for the tiny database. Deterministic for a given configuration.
+held-out data for the tiny database. Each step also records its demonstrated action on /arm_command
+(heisd_ros/ArmCommand, the tiny policy's action definition), which `heisd replay --plots` draws the
+node's commands against; the replay never publishes it. Deterministic for a given configuration.
 """
 
 from __future__ import annotations
@@ -27,15 +29,28 @@ import numpy as np
 
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.pipeline.bags import (
-    BOOL, COMPRESSED_IMAGE, IMAGE, POSE, STORAGES, STRING, BagTopics, BagWriter, compressed_image_msg, header,
-    image_msg, pose_msg,
+    ARM_COMMAND,
+    BOOL,
+    COMPRESSED_IMAGE,
+    IMAGE,
+    POSE,
+    STORAGES,
+    STRING,
+    BagTopics,
+    BagWriter,
+    arm_command_msg,
+    compressed_image_msg,
+    header,
+    image_msg,
+    pose_msg,
 )
 
 VIEWS = ("agentview", "wrist")
 _NODE_TOPICS = BagTopics()
 TOPICS = {**dict(_NODE_TOPICS.images), "pose": _NODE_TOPICS.ee_pose, "instruction": _NODE_TOPICS.instruction,
-          "episode_result": _NODE_TOPICS.episode_result}  # fmt: skip
-"""Summary key -> topic: the node's default topics (config/policy.yaml) in the root namespace."""
+          "episode_result": _NODE_TOPICS.episode_result, "command": _NODE_TOPICS.command}  # fmt: skip
+"""Summary key -> topic: the node's default topics (config/policy.yaml) in the root namespace; `command`
+carries the demonstrated action of each step (heisd_ros/ArmCommand, as recorded from a teleoperated arm)."""
 
 
 @dataclass(frozen=True)
@@ -100,10 +115,23 @@ def _image(rgb: np.ndarray, t_s: float, frame: str, cfg: MakeBagConfig) -> Any:
     return image_msg(hdr, rgb, cfg.encoding)
 
 
-def make_bag(path: str | Path, cfg: MakeBagConfig = MakeBagConfig()) -> dict:
-    """Write the bag at `path` (must not exist). Returns a summary (steps, topics, messages)."""
+def _episodes(cfg: MakeBagConfig):
+    """Each episode's steps and its demonstrated actions [T, 7] (the tiny policy's action definition)."""
+    from heisd_ros.pipeline.tiny_artifacts import synthetic_actions
     from heisd_ros.sim import synthetic
 
+    steps: list = []
+    for s in synthetic.episodes(cfg.seed, cfg.episodes, cfg.steps, cfg.image_size, tasks=synthetic.TASKS[: cfg.tasks]):
+        if steps and (s.instruction, s.episode) != (steps[0].instruction, steps[0].episode):
+            yield steps, synthetic_actions(np.stack([x.ee_pos for x in steps]))
+            steps = []
+        steps.append(s)
+    if steps:
+        yield steps, synthetic_actions(np.stack([x.ee_pos for x in steps]))
+
+
+def make_bag(path: str | Path, cfg: MakeBagConfig = MakeBagConfig()) -> dict:
+    """Write the bag at `path` (must not exist). Returns a summary (steps, topics, messages)."""
     path = Path(path)
     if path.exists():
         raise ConfigError(f"{path} exists; choose a new bag path")
@@ -113,25 +141,26 @@ def make_bag(path: str | Path, cfg: MakeBagConfig = MakeBagConfig()) -> dict:
     steps, t = 0, cfg.start_time_s
     with BagWriter(path, cfg.storage) as bag:
         for key, msgtype in (("agentview", img_type), ("wrist", img_type), ("pose", POSE), ("instruction", STRING),
-                             ("episode_result", BOOL)):  # fmt: skip
+                             ("episode_result", BOOL), ("command", ARM_COMMAND)):  # fmt: skip
             bag.add(TOPICS[key], msgtype)
         done = bag.ts.types[BOOL](data=True)
-        episode_key = None
-        tasks = synthetic.TASKS[: cfg.tasks]
-        for s in synthetic.episodes(cfg.seed, cfg.episodes, cfg.steps, cfg.image_size, tasks=tasks):
-            if (s.instruction, s.episode) != episode_key:
-                if episode_key is not None:
-                    bag.write(TOPICS["episode_result"], _ns(t), done)
-                    t += dt
-                episode_key = (s.instruction, s.episode)
-                bag.write(TOPICS["instruction"], _ns(t), bag.ts.types[STRING](data=cfg.instruction or s.instruction))
+        for e, (episode, actions) in enumerate(_episodes(cfg)):
+            if e:
+                bag.write(TOPICS["episode_result"], _ns(t), done)
                 t += dt
-            bag.write(TOPICS["pose"], _ns(t), pose_msg(header(_ns(t), "base_link"), s.ee_pos))
-            for view in VIEWS:
-                ti = t + float(rng.uniform(0.0, cfg.jitter_s))
-                bag.write(TOPICS[view], _ns(ti + 1e-4), _image(s.images[view], ti, view, cfg))
-            steps += 1
+            text = cfg.instruction or episode[0].instruction
+            bag.write(TOPICS["instruction"], _ns(t), bag.ts.types[STRING](data=text))
             t += dt
+            for k, s in enumerate(episode):
+                bag.write(TOPICS["pose"], _ns(t), pose_msg(header(_ns(t), "base_link"), s.ee_pos))
+                for view in VIEWS:
+                    ti = t + float(rng.uniform(0.0, cfg.jitter_s))
+                    bag.write(TOPICS[view], _ns(ti + 1e-4), _image(s.images[view], ti, view, cfg))
+                # the demonstrated action of this step, as a recording of a teleoperated arm carries it
+                cmd = arm_command_msg(header(_ns(t), "base_link"), k + 1, actions[k], "demo", "demo")
+                bag.write(TOPICS["command"], _ns(t + 2e-4), cmd)
+                steps += 1
+                t += dt
         bag.write(TOPICS["episode_result"], _ns(t), done)
     counts = {key: bag.counts[topic] for key, topic in TOPICS.items()}
     return {"path": str(path), "steps": steps, "messages": counts, "config": dataclasses.asdict(cfg)}

@@ -4,6 +4,7 @@ Usage:
     heisd train-drafter --model artifacts/mini_vla --demos artifacts/demos/libero_object \
         --out artifacts/mini_drafter [--steps 1000] [--batch-size 32] [--seed 0] [--cache-dir DIR] [--tasks 0-9]
         [--engine-steps 200] [--threads 1]
+        [--bags DIR | --lerobot DIR] [--map ...] [--dataset NAME]   (the source flags of build-db)
 
 The head (one LLaMA block over fc([token embedding ; feature])) learns from the VLA's *own*
 hidden states: the demo steps are relabelled with the VLA's greedy action tokens (batched,
@@ -27,19 +28,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.sources import EpisodeSources, SourceOptions
 
 
 @dataclass(frozen=True)
 class TrainDrafterConfig:
     model: str = "artifacts/mini_vla"
-    demos: str = "artifacts/demos/libero_object"
+    demos: str = ""
+    bags: str = ""
+    lerobot: str = ""
+    dataset: str = ""
+    source_options: SourceOptions = field(default_factory=SourceOptions)
+    """Bag and LeRobot sources and how to read them, as for build-db (heisd_ros/tools/source_args.py)."""
     out: str = "artifacts/mini_drafter"
     steps: int = 1000
     batch_size: int = 32
@@ -128,7 +135,7 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int, state_prio
 
 def run(cfg: TrainDrafterConfig) -> dict:
     from heisd_ros.models.loader import load_policy_model
-    from heisd_ros.pipeline.episodes import load_episode, scan_hdf5
+    from heisd_ros.pipeline.episodes import load_episode
     from heisd_ros.pipeline.features import (FeatureCache, GreedyCache, episode_tokens, held_out_split,
                                              own_examples)
     from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
@@ -138,7 +145,7 @@ def run(cfg: TrainDrafterConfig) -> dict:
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     vla, prior = load_policy_model(cfg.model)
-    refs = scan_hdf5(cfg.demos, cfg.tasks)
+    refs = EpisodeSources.of(cfg).refs()
     train_refs, val_refs = held_out_split(refs, cfg.model, cfg.val_fraction, cfg.seed)
     cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
     cache = FeatureCache(cache_dir, vla)
@@ -188,11 +195,12 @@ def run(cfg: TrainDrafterConfig) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from heisd_ros.tools.source_args import add_source_arguments
+
     d = TrainDrafterConfig()
     p = argparse.ArgumentParser(prog="heisd train-drafter", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=d.model, help="mini VLA directory (heisd train-vla --out)")
-    p.add_argument("--demos", default=d.demos, help="directory of LIBERO-layout *.hdf5 files (or one file)")
     p.add_argument("--out", default=d.out, help="drafter directory to write")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -200,22 +208,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--val-fraction", type=float, default=d.val_fraction)
     p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
-    p.add_argument("--tasks", default=None, help="HDF5 task indices, e.g. 0-7 (default: every file)")
     p.add_argument("--engine-steps", type=int, default=d.engine_steps)
     p.add_argument("--fp32", dest="bf16_autocast", action="store_false", default=None,
                    help="train in fp32 (default: bf16 autocast only on CPUs with bf16 instructions)")
     p.add_argument("--bf16", dest="bf16_autocast", action="store_true", help="train under bf16 autocast")
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_source_arguments(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     from heisd_ros.tools.args import parse_tasks
+    from heisd_ros.tools.source_args import pop_options
 
     args = vars(build_parser().parse_args(argv))
     args["tasks"] = parse_tasks(args["tasks"])
-    cfg = TrainDrafterConfig(**args)
+    options = pop_options(args)
+    cfg = TrainDrafterConfig(**args, source_options=options)
     log = run(cfg)
     held = log["held_out_agreement"]
     eng = log["engine_drafter_held_out"]

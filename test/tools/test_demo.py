@@ -42,6 +42,8 @@ def test_demo_runs_methods_side_by_side(small_tiny, tmp_path, capsys):
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "[heisd] step    8/8" in printed and "speed-up over ar" in printed
+    # each method's node is warmed up before its measured steps; no step waits for a timeout
+    assert printed.count("warm-up: the bag's first 8 step(s) decoded unmeasured") == 2 and "within the step timeout" not in printed
     result = json.loads((tmp_path / "r.json").read_text())
     rows = result["methods"]
     for m in ("ar", "heisd"):
@@ -54,6 +56,8 @@ def test_demo_runs_methods_side_by_side(small_tiny, tmp_path, capsys):
     assert set(rows["heisd"]["mode_mix"]) <= {"drafter", "retrieval", "skip"}
     run_dir = Path(result["run_dir"])
     assert (run_dir / "input").is_dir() and (run_dir / "output").is_dir() and (run_dir / "result.json").is_file()
+    assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["action_traces.png", "latency_histogram.png",
+                                                                     "mode_timeline.png"]  # fmt: skip
 
 
 def test_demo_config_validation():
