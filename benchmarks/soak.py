@@ -8,7 +8,7 @@ Usage:
         --db-path artifacts/mini_db --calibration-path artifacts/mini_calibration.json --views 2 \
         --demos A_demo.hdf5,B_demo.hdf5 --steps-per-episode 110 [--out benchmarks/node_rss_mini.json]
     python benchmarks/soak.py --hostile --views 2 --duration-s 330 [--calm-s 10 --burst-s 5]
-    python benchmarks/soak.py --vs-bench [--node-threads 1] [--duration-s 120]
+    python benchmarks/soak.py --vs-bench [--vs-threads 1] [--vs-rounds 2] [--duration-s 60]
 
 The node runs as its own process (`python -m heisd_ros.ros.node`, as deployed) on the tiny policy
 (`artifacts/tiny`, built on first use; with 3 views a matching 3-view database is derived from it
@@ -33,10 +33,15 @@ command decoded from input stamped after it, RSS at the end of every calm phase 
 the longest silence of /diagnostics, what was published, and the node log's tracebacks and longest
 line. Written under 'hostile' of --out.
 
---vs-bench: `heisd bench` (tiny policy, --threads bench_threads), the same decoders paced at the
-control rate, then the node on two views streaming for duration_s per method of bench_methods, then
-bench again; the node's decode time (DecodeStats total_ms, the decoder's own latency_ms['total'], as
-bench's step time) over both. Written under 'node_vs_bench' of --out.
+--vs-bench: the node's decode time (DecodeStats total_ms, the decoder's own latency_ms['total'], as
+bench's step time) against `heisd bench` on the tiny policy, both with vs_threads torch threads and
+on the same synthetic episodes. In each of vs_rounds rounds: `heisd bench` back to back, `heisd bench
+--pace-hz` at the node's control rate, and the node on two views streaming for duration_s per method
+of bench_methods; odd rounds run that sequence in reverse, so load that changes during the run (other
+processes on the machine) weighs on both sides alike. Reports per method the node's and both benches'
+mean and p95 over the rounds, their ratios (also per round, and with bench's per-mode means weighted
+by the node's mode mix), and the stage means per mode of all three. Written under 'node_vs_bench' of
+--out.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ from heisd_ros.core.errors import ConfigError
 from heisd_ros.pipeline.outputs import git_revision
 
 REPO = Path(__file__).resolve().parents[1]
+STAGE_FIELDS = ("vision", "retrieval", "draft", "verify", "total")
+"""The stage times a DecodeStats carries (`<stage>_ms`); `other` = total minus the first four."""
 THIRD_VIEW = "side"
 """The third camera: a mirrored agent view (the synthetic scenes render two)."""
 
@@ -97,7 +104,7 @@ class SoakConfig:
     compressed: bool = False
     """Publish the views as PNG sensor_msgs/CompressedImage on `<view>/image_raw/compressed`."""
     node_threads: int = 0
-    """The node's torch threads (OMP_NUM_THREADS; 0 = torch's default, one per core)."""
+    """The node's torch_threads parameter (0 = the parameter's default)."""
     hostile: bool = False
     """Fuzz mode: calm_s of valid streaming, then burst_s of random contents on every input topic
     (benchmarks/hostile.py), repeated; a raw-image and a compressed-image leg of duration_s each,
@@ -105,15 +112,16 @@ class SoakConfig:
     calm_s: float = 10.0
     burst_s: float = 5.0
     vs_bench: bool = False
-    """Node vs bench: `heisd bench` on the tiny policy (--threads bench_threads), then the node on
-    two views for duration_s per method of bench_methods and per vs_node_threads, then bench again;
-    under 'node_vs_bench'."""
+    """Node vs bench, interleaved in vs_rounds rounds (module docstring); under 'node_vs_bench'."""
     bench_methods: str = "ar,heisd"
-    bench_threads: int = 1
-    vs_node_threads: str = "1,0"
-    """The node's torch threads in the --vs-bench runs (as node_threads; 0 = torch's default)."""
+    vs_threads: int = 1
+    """--vs-bench: torch threads of the node (torch_threads) and of heisd bench (--threads)."""
+    vs_rounds: int = 2
+    """--vs-bench: rounds of (bench back to back, bench paced, the node per method)."""
 
     def __post_init__(self) -> None:
+        if self.vs_rounds < 1 or self.vs_threads < 1:
+            raise ConfigError("vs_rounds and vs_threads must be >= 1")
         if self.views not in (2, 3):
             raise ConfigError("views must be 2 or 3")
         if not (self.duration_s > 0 and self.camera_hz > 0 and self.pose_hz > 0 and self.control_rate_hz > 0):
@@ -284,6 +292,7 @@ class Driver:
         self.lock = threading.Lock()
         self.commands: list[tuple[float, float, int]] = []  # (arrival s, stamp s, step id)
         self.stats: list[tuple[float, float, str]] = []  # (arrival s, total ms, mode)
+        self.stages: list[tuple[float, ...]] = []  # STAGE_FIELDS of each DecodeStats, ms
         self.diag: dict[str, str] = {}
         self.diag_levels: list[tuple[float, int, str]] = []
         self.diag_times: list[float] = []  # arrivals of the policy's diagnostics while recording
@@ -320,6 +329,7 @@ class Driver:
         if self.recording:
             with self.lock:
                 self.stats.append((self.now(), float(msg.total_ms), msg.mode))
+                self.stages.append(tuple(float(getattr(msg, f"{k}_ms")) for k in STAGE_FIELDS))
 
     def _on_diag(self, msg) -> None:
         for st in msg.status:
@@ -447,6 +457,8 @@ def start_node(cfg: SoakConfig, paths: dict[str, str], image_size: int = 64) -> 
     params = {**paths, "decoder.method": cfg.method, "control_rate_hz": float(cfg.control_rate_hz),
               "decoder.views": list(views), "image_topics": [image_topic(cfg, v) for v in views],
               "compressed_images": cfg.compressed, "diagnostics_period_s": 1.0}  # fmt: skip
+    if cfg.node_threads > 0:
+        params["torch_threads"] = cfg.node_threads
     if not cfg.hostile:
         params.update({"expected_image_height": image_size, "expected_image_width": image_size})
     cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", str(REPO / "config" / "policy.yaml")]
@@ -455,8 +467,6 @@ def start_node(cfg: SoakConfig, paths: dict[str, str], image_size: int = 64) -> 
     log_path = Path(cfg.node_log)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ROS_DOMAIN_ID": str(cfg.domain_id), "PYTHONUNBUFFERED": "1"}
-    if cfg.node_threads > 0:
-        env.update({"OMP_NUM_THREADS": str(cfg.node_threads), "MKL_NUM_THREADS": str(cfg.node_threads)})
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -568,6 +578,18 @@ def _since(before: dict, after: dict, key: str) -> int:
     return int(after.get(key, 0) or 0) - int(before.get(key, 0) or 0)
 
 
+def stage_means_by_mode(driver: Driver) -> dict[str, dict[str, float]]:
+    """Per mode: its steps and the mean of each DecodeStats stage, ms (as heisd bench's
+    `mode_stage_mean_ms`), with `other` = total minus vision, retrieval, draft and verify."""
+    out: dict[str, dict[str, float]] = {}
+    for mode in sorted({m for _, _, m in driver.stats}):
+        rows = np.array([st for (_, _, m), st in zip(driver.stats, driver.stages) if m == mode])
+        means = dict(zip(STAGE_FIELDS, rows.mean(axis=0).tolist()))
+        means["other"] = means["total"] - sum(means[k] for k in STAGE_FIELDS[:-1])
+        out[mode] = {"steps": len(rows), **means}
+    return out
+
+
 def _report(cfg, driver, diag0, diag, rss, measured_s, exit_code, crashed_at) -> dict:
     cmds = np.array([(t, s) for t, s, _ in driver.commands]) if driver.commands else np.zeros((0, 2))
     age_ms = (cmds[:, 0] - cmds[:, 1]) * 1e3 if len(cmds) else np.zeros(0)
@@ -612,7 +634,8 @@ def _report(cfg, driver, diag0, diag, rss, measured_s, exit_code, crashed_at) ->
         "decode_ms": {"mean": float(decode.mean()) if len(decode) else float("nan"), "p50": _pct(decode, 50),
                       "p95": _pct(decode, 95), "p99": _pct(decode, 99),
                       "max": float(decode.max()) if len(decode) else float("nan"),
-                      "mean_by_mode": {m: float(np.mean([ms for _, ms, mm in driver.stats if mm == m])) for m in modes}},
+                      "mean_by_mode": {m: float(np.mean([ms for _, ms, mm in driver.stats if mm == m])) for m in modes},
+                      "stage_mean_by_mode": stage_means_by_mode(driver)},
         "node_diag_latency_ms": {"median": diag.get("latency_median_ms"), "p95": diag.get("latency_p95_ms")},
         "rss_mb": {"start": float(rss_arr[0, 1]) if len(rss_arr) else float("nan"),
                    "end": float(rss_arr[-1, 1]) if len(rss_arr) else float("nan"),
@@ -655,91 +678,106 @@ def _dirty() -> list[str]:
     return out.stdout.splitlines()
 
 
-def _bench(cfg: SoakConfig, say) -> dict:
-    """`heisd bench` on the tiny policy: mean / median / p95 step per method of cfg.bench_methods."""
+VS_BENCH_SEED = 1000
+"""The episodes the node plays in --vs-bench: those `heisd bench --seed 0` decodes (its seed + 1000)."""
+
+
+def _bench(cfg: SoakConfig, pace_hz: float | None, say) -> dict:
+    """`heisd bench` on the tiny policy with cfg.vs_threads threads, back to back or paced at `pace_hz`:
+    per method of cfg.bench_methods its mean / median / p95 step, mode mix and stage means per mode."""
     out = Path(cfg.node_log).with_name("soak_bench.json")
     cmd = [str(Path(sys.executable).with_name("heisd")), "bench", "--model", "tiny", "--tiny-dir", cfg.tiny_dir,
-           "--methods", cfg.bench_methods, "--episodes", "2", "--threads", str(cfg.bench_threads), "--json", str(out)]
+           "--methods", cfg.bench_methods, "--episodes", "2", "--steps", str(cfg.steps_per_episode),
+           "--threads", str(cfg.vs_threads), "--json", str(out)]  # fmt: skip
+    if pace_hz:
+        cmd += ["--pace-hz", f"{pace_hz:g}"]
     say("soak: " + " ".join(cmd[1:]))
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
     rep = json.loads(out.read_text())
-    figures = ("mean_step_ms", "median_step_ms", "p95_step_ms", "mode_mix")
-    return {"command": " ".join(["heisd", *cmd[1:]]),
+    figures = ("mean_step_ms", "median_step_ms", "p95_step_ms", "mode_mix", "mode_stage_mean_ms")
+    return {"command": " ".join(["heisd", *cmd[1:]]), "pace_hz": rep["_meta"]["pace_hz"],
+            "paced_ticks_skipped": rep["_meta"]["paced_ticks_skipped"],
             **{m: {k: rep[m][k] for k in figures} for m in cfg.bench_methods.split(",")}}  # fmt: skip
 
 
-def paced_bench(tiny_dir: str, methods: list[str], threads: int, period_s: float) -> dict:
-    """`heisd bench`'s decoders and observations (tiny policy, seed 0), one method after the other,
-    each step started one control period after the previous one (sleeping in between), as a
-    control loop decodes; mean / median / p95 of the decoder's `latency_ms['total']`, first 3 steps out."""
-    import torch
+def _node_leg(cfg: SoakConfig, method: str, say) -> dict:
+    r = run(dataclasses.replace(cfg, method=method), say)
+    return {k: r[k] for k in ("decode_ms", "mode_mix", "decoded_steps", "command_rate_hz", "dropped_ticks",
+                              "cpu_cores_used", "crashes")}  # fmt: skip
 
-    from heisd_ros.core.config import DecoderConfig
-    from heisd_ros.core.engine import HybridDecoder
-    from heisd_ros.policy import PolicyPaths, load_policy
-    from heisd_ros.tools.bench import tiny_observations
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    base = load_policy(PolicyPaths("tiny", "", "", "", tiny_cache_dir=tiny_dir), DecoderConfig(method="heisd"))
-    episodes = tiny_observations(1000, 2, 40)
-    out = {}
-    try:
-        for m in methods:
-            dec = HybridDecoder(base.vla, dataclasses.replace(base.cfg, method=m), store=base.store,
-                                drafter=base.drafter, state_prior=base.state_prior)  # fmt: skip
-            ms = []
-            for episode in episodes:
-                dec.reset(episode[0].instruction)
-                for obs in episode:
-                    t0 = time.monotonic()
-                    ms.append(dec.step(obs)[1].latency_ms["total"])
-                    time.sleep(max(0.0, period_s - (time.monotonic() - t0)))
-            a = np.array(ms[3:])
-            out[m] = {"mean_step_ms": float(a.mean()), "median_step_ms": float(np.median(a)), "p95_step_ms": _pct(a, 95)}
-    finally:
-        base.store.close()
+def _vs_round(cfg: SoakConfig, index: int, say) -> dict:
+    """One round: bench back to back, bench paced at the control rate, the node per method; odd
+    rounds in reverse order. Each leg records the 1-minute load average before and after it."""
+    legs = [("bench", lambda: _bench(cfg, None, say)), ("paced_bench", lambda: _bench(cfg, cfg.control_rate_hz, say))]
+    legs += [(f"node {m}", lambda m=m: _node_leg(cfg, m, say)) for m in cfg.bench_methods.split(",")]
+    if index % 2:
+        legs.reverse()
+    out: dict = {"order": [name for name, _ in legs], "node": {}}
+    for name, leg in legs:
+        load0 = os.getloadavg()[0]
+        result = leg()
+        result["load_average_1min"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+        if name.startswith("node "):
+            out["node"][name.split(" ", 1)[1]] = result
+        else:
+            out[name] = result
     return out
 
 
-def _paced(cfg: SoakConfig, say) -> dict:
-    """paced_bench in a fresh process (it opens the database the node opens next)."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
+def _pool(parts: list[dict]) -> dict[str, float]:
+    """Stage means of several runs of one mode ({'steps': n, stage: mean}), weighted by their steps;
+    `other` = total minus vision, retrieval, draft and verify."""
+    n = sum(p["steps"] for p in parts)
+    means = {k: sum(p["steps"] * p.get(k, 0.0) for p in parts) / n for k in STAGE_FIELDS}
+    means["other"] = means["total"] - sum(means[k] for k in STAGE_FIELDS[:-1])
+    return {"steps": n, **means}
 
-    say(f"soak: paced bench at {cfg.control_rate_hz:g} Hz")
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        args = (cfg.tiny_dir, cfg.bench_methods.split(","), cfg.bench_threads, 1.0 / cfg.control_rate_hz)
-        return {"threads": cfg.bench_threads, "period_s": 1.0 / cfg.control_rate_hz,
-                **pool.submit(paced_bench, *args).result()}  # fmt: skip
+
+def _vs_method(rounds: list[dict], method: str) -> dict:
+    """Node vs both benches for one method, over the rounds: means of the per-round mean and p95,
+    their ratios, the ratio per round, the ratio with bench's per-mode means weighted by the node's
+    mode mix (heisd's mix drifts in the node, whose episode results adapt verify-skip), and stage means per mode."""
+    node = [r["node"][method]["decode_ms"] for r in rounds]
+    node_ms = {"mean": float(np.mean([d["mean"] for d in node])), "p95": float(np.mean([d["p95"] for d in node]))}
+    modes = {m for d in node for m in d["stage_mean_by_mode"]}
+    stages = {m: {"node": _pool([d["stage_mean_by_mode"][m] for d in node if m in d["stage_mean_by_mode"]])}
+              for m in sorted(modes)}  # fmt: skip
+    out: dict = {"node_ms": node_ms}
+    for side in ("bench", "paced_bench"):
+        runs = [r[side][method] for r in rounds]
+        ms = {"mean": float(np.mean([b["mean_step_ms"] for b in runs])),
+              "p95": float(np.mean([b["p95_step_ms"] for b in runs]))}  # fmt: skip
+        out[f"{side}_ms"] = ms
+        both = [m for m in stages if all(m in b["mode_stage_mean_ms"] for b in runs)]
+        for m in both:
+            stages[m][side] = _pool([b["mode_stage_mean_ms"][m] for b in runs])
+        weights = [stages[m]["node"]["steps"] for m in both]
+        mixed = (sum(w * stages[m]["node"]["total"] for w, m in zip(weights, both))
+                 / max(sum(w * stages[m][side]["total"] for w, m in zip(weights, both)), 1e-9))  # fmt: skip
+        out[f"node_over_{side}"] = {
+            "mean": node_ms["mean"] / ms["mean"], "p95": node_ms["p95"] / ms["p95"],
+            "mean_at_node_mode_mix": mixed if both else float("nan"),
+            "mean_per_round": [d["mean"] / b["mean_step_ms"] for d, b in zip(node, runs)],
+            "p95_per_round": [d["p95"] / b["p95_step_ms"] for d, b in zip(node, runs)],
+        }  # fmt: skip
+    out["stage_mean_ms_by_mode"] = stages
+    return out
 
 
 def run_vs_bench(cfg: SoakConfig, say=print) -> dict:
-    """Bench, the node streaming two views per method, bench again; ratios of the node's decode time
-    (DecodeStats total_ms) to bench's step time, both the decoder's own `latency_ms['total']`."""
-    cfg = dataclasses.replace(cfg, views=2)
-    at_start = {"git_rev": git_revision(), "git_dirty": _dirty()}
-    before, paced = _bench(cfg, say), _paced(cfg, say)
-    node, methods = {}, {}
-    for threads in (int(t) for t in cfg.vs_node_threads.split(",")):
-        for method in cfg.bench_methods.split(","):
-            key = f"{method} node_threads={threads or 'default'}"
-            r = run(dataclasses.replace(cfg, method=method, node_threads=threads), say)
-            node[key] = {k: r[k] for k in ("decode_ms", "mode_mix", "decoded_steps", "command_rate_hz", "dropped_ticks",
-                                           "cpu_cores_used", "load_average_at_end")}  # fmt: skip
-            methods[key] = method
-    after = _bench(cfg, say)
-    ratios, paced_ratios = {}, {}
-    for key, m in methods.items():
-        bench_mean = (before[m]["mean_step_ms"] + after[m]["mean_step_ms"]) / 2
-        bench_median = (before[m]["median_step_ms"] + after[m]["median_step_ms"]) / 2
-        ratios[key] = {"mean": node[key]["decode_ms"]["mean"] / bench_mean,
-                       "median": node[key]["decode_ms"]["p50"] / bench_median}  # fmt: skip
-        paced_ratios[key] = {"mean": node[key]["decode_ms"]["mean"] / paced[m]["mean_step_ms"],
-                             "median": node[key]["decode_ms"]["p50"] / paced[m]["median_step_ms"]}  # fmt: skip
+    """The node against `heisd bench`, back to back and paced, interleaved in rounds (module docstring)."""
+    cfg = dataclasses.replace(cfg, views=2, seed=VS_BENCH_SEED, node_threads=cfg.vs_threads)
+    at_start = {"git_rev": git_revision(), "git_dirty": _dirty(), "load_average": list(os.getloadavg())}
+    rounds = []
+    for i in range(cfg.vs_rounds):
+        say(f"soak: node vs bench, round {i + 1} of {cfg.vs_rounds}")
+        rounds.append(_vs_round(cfg, i, say))
     return {"at_start": at_start, "git_rev": git_revision(), "git_dirty": _dirty(), "cpu_count": os.cpu_count(),
-            "bench_threads": cfg.bench_threads, "bench_before": before, "paced_bench": paced, "node": node,
-            "bench_after": after, "node_over_bench": ratios, "node_over_paced_bench": paced_ratios}  # fmt: skip
+            "load_average_at_end": list(os.getloadavg()), "threads": cfg.vs_threads, "pace_hz": cfg.control_rate_hz,
+            "rounds": cfg.vs_rounds, "node_duration_s": cfg.duration_s,
+            "methods": {m: _vs_method(rounds, m) for m in cfg.bench_methods.split(",")},
+            "per_round": rounds, "crashes": sum(r["node"][m]["crashes"] for r in rounds for m in r["node"])}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -757,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.hostile or cfg.vs_bench:
         result = {"command": command, **(run_hostile(cfg) if cfg.hostile else run_vs_bench(cfg))}
         write_report(cfg.out, result, "hostile" if cfg.hostile else "node_vs_bench")
-        short = {k: v for k, v in result.items() if k != "legs"}
+        short = {k: v for k, v in result.items() if k not in ("legs", "per_round")}
         if cfg.hostile:
             short["legs"] = {n: {"crashes": leg["crashes"], "node_exit_code": leg["node_exit_code"],
                                  **{k: leg["hostile"][k] for k in ("bursts", "bursts_resumed", "resume_s",

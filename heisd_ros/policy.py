@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from heisd_ros.pipeline.calibration import apply_calibration
+import torch
+
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import load_drafter
 from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
 from heisd_ros.core.errors import DatabaseUnavailableError, EmptyDatabaseError, ModelLoadError
 from heisd_ros.models.loader import DTYPES, load_policy_model
+from heisd_ros.pipeline.calibration import apply_calibration
 
 log = logging.getLogger(__name__)
 DEFAULT_TINY_DIR = Path("artifacts/tiny")
@@ -29,6 +32,22 @@ class PolicyPaths:
     db_path: str = ""
     calibration_path: str = ""
     tiny_cache_dir: str = str(DEFAULT_TINY_DIR)
+
+
+def set_torch_threads(threads: int) -> None:
+    """Fix torch's CPU threads for the whole process: every thread (the node's inference thread
+    too) runs its ops on `threads` intra-op threads. The inter-op pool is sized alike while torch
+    still allows it: that is refused once parallel work has started or it was set before, and it is
+    then left as it is (the decoder runs no inter-op work)."""
+    if threads > (os.cpu_count() or threads):
+        log.warning("torch_threads %d exceeds the %d CPU cores: threads will wait for each other",
+                    threads, os.cpu_count())
+    torch.set_num_threads(threads)
+    if torch.get_num_interop_threads() != threads:
+        try:
+            torch.set_num_interop_threads(threads)
+        except RuntimeError:  # already fixed, or parallel work has started
+            log.debug("torch inter-op threads stay at %d", torch.get_num_interop_threads())
 
 
 def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
@@ -115,10 +134,14 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
     return ReconnectingStore(lambda: make_store(store_cfg, *dims), store_cfg, store)
 
 
-def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig | None = None, store=None) -> HybridDecoder:
+def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig | None = None, store=None,
+                torch_threads: int | None = None) -> HybridDecoder:
     """The decoder of `cfg.method` over the files in `paths`: the model and its state prior, the
     drafter and the database where the method needs them, the calibration applied. `store`: an
-    open database to use instead of opening one."""
+    open database to use instead of opening one. `torch_threads`: set (`set_torch_threads`) before
+    anything is loaded; None leaves torch's threads as they are."""
+    if torch_threads is not None:
+        set_torch_threads(torch_threads)
     paths = resolve_paths(paths)
     vla, state_prior = load_policy_model(paths.model_dir, dtype=cfg.dtype, device=cfg.device)
     drafter = None

@@ -143,7 +143,7 @@ class PoseGate:
         lo, hi = np.asarray(limits.workspace_min_m), np.asarray(limits.workspace_max_m)
         if not np.all(np.isfinite(pos)) or np.any(pos < lo) or np.any(pos > hi):
             raise InputLimitError(f"end-effector position {np.array2string(pos, precision=4)} m outside the "
-                                  f"workspace box {list(lo)}..{list(hi)} m")  # fmt: skip
+                                  f"workspace box {lo.tolist()}..{hi.tolist()} m")  # fmt: skip
         last = self._last
         if last is not None and stamp_s >= last[0]:  # else nothing to compare with, or a new timeline
             dt = stamp_s - last[0]

@@ -66,7 +66,7 @@ def load_decoder(cfg: PolicyNodeConfig) -> Any:
     n = cfg.node
     paths = PolicyPaths(model_dir=n.model_dir, drafter_dir=n.drafter_dir, db_path=n.db_path,
                         calibration_path=n.calibration_path)  # fmt: skip
-    return load_policy(paths, cfg.decoder, cfg.store)
+    return load_policy(paths, cfg.decoder, cfg.store, torch_threads=n.torch_threads)
 
 
 def _sync_config(cfg: PolicyNodeConfig) -> SyncConfig:

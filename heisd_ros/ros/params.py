@@ -104,6 +104,10 @@ class NodeConfig:
     """Calibration file (fused metric statistics, tau, verify-skip thresholds); '' = defaults."""
     task: str = ""
     """Database partition key; '' = use the instruction text."""
+    torch_threads: int = 1
+    """Torch CPU threads of the decoder (intra-op; inter-op too unless already fixed), set before the
+    model loads. One keeps a step's time steady while the node's callbacks and other processes share
+    the cores; more pay off only for a model large enough to split over idle cores."""
     quat_norm_tol: float = 0.05
     """A pose whose quaternion norm differs from 1 by more than this is rejected."""
     diagnostics_period_s: float = 1.0
@@ -152,6 +156,8 @@ class NodeConfig:
                  "twist scales must be finite")  # fmt: skip
         require(bool(self.model_dir), "model_dir is required ('tiny' builds the random test model)")
         require(0.0 < self.quat_norm_tol < 1.0, "quat_norm_tol must be in (0, 1)")
+        require(type(self.torch_threads) is int and 1 <= self.torch_threads <= 1024,
+                 f"torch_threads must be an integer in [1, 1024], got {self.torch_threads!r}")  # fmt: skip
         require(math.isfinite(self.warn_throttle_s) and self.warn_throttle_s >= 0, "warn_throttle_s must be >= 0")
 
     @property

@@ -2,11 +2,17 @@
 
 Usage:
     heisd bench --model tiny [--methods ar,drafter,specvla,retrieval,heisd] [--episodes 2]
-                [--threads 1] [--dtype float32] [--json FILE]
+                [--threads 1] [--pace-hz HZ] [--dtype float32] [--json FILE]
     heisd bench --model DIR --drafter DIR --db PATH --calibration FILE ...
 
 Every method decodes the same held-out episodes (synthetic for the tiny model) in one process,
-taking turns step by step so that background load affects all methods alike.
+taking turns step by step so that background load affects all methods alike. By default the steps
+run back to back; with --pace-hz every step starts on the tick of a control loop at HZ and the rest
+of the period is slept (not counted), as a robot's control loop runs them: a step that follows idle
+time (or other processes' work) finds colder caches than one that follows another step. Paced, the
+methods run one after the other, each over all episodes, so that a step follows its own method's
+previous step; a step that overruns its period skips the ticks it covered, as a control timer that
+finds the step busy.
 Per method: mean, median, p95 and p99 step latency (the first --warmup steps excluded) with the mean
 and median per stage; speedup_vs_ar (mean ar step / mean step) with a 95 % bootstrap interval over
 the input episodes (none with one episode) and median_speedup_vs_ar; LLM forwards per step;
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import platform
 import sys
 import time
@@ -113,6 +120,52 @@ def demo_observations(demos: str, model_dir: str, tasks: str, n_episodes: int, n
     return out
 
 
+class Pacer:
+    """The ticks of a control loop at `hz` (None: no pacing, every `wait` returns at once)."""
+
+    def __init__(self, hz: float | None, clock=time.monotonic, sleep=time.sleep) -> None:
+        self.period_s = 1.0 / hz if hz else 0.0
+        self._clock, self._sleep = clock, sleep
+        self._tick: float | None = None
+        self.skipped_ticks = 0
+        """Ticks that passed while a step overran its period."""
+
+    def wait(self) -> None:
+        """Sleep until the next tick (the first call is the first tick)."""
+        if not self.period_s:
+            return
+        now = self._clock()
+        if self._tick is None:
+            self._tick = now
+            return
+        self._tick += self.period_s
+        if now > self._tick:  # the last step overran: the ticks it covered are skipped
+            late = math.ceil((now - self._tick) / self.period_s)
+            self._tick += late * self.period_s
+            self.skipped_ticks += late
+        self._sleep(self._tick - now)
+
+
+def decode_all(decoders: dict, episodes: list[list[Observation]], pacer: Pacer) -> tuple[dict, list[int]]:
+    """Every decoder on every observation: (method -> its StepStats, the input episode of each
+    observation). Back to back the methods take turns on each observation, so background load hits
+    all of them alike; paced, each method decodes all episodes on its own, as a control loop runs
+    one method (a step then follows that method's previous step, whose data it finds in the caches
+    or not, never another method's)."""
+    stats: dict[str, list[StepStats]] = {m: [] for m in decoders}
+    episode_of = [e for e, episode in enumerate(episodes) for _ in episode]
+    turns = [list(decoders)] if not pacer.period_s else [[m] for m in decoders]
+    for methods in turns:
+        for episode in episodes:
+            for m in methods:
+                decoders[m].reset(episode[0].instruction)
+            for obs in episode:
+                for m in methods:
+                    pacer.wait()
+                    stats[m].append(decoders[m].step(obs)[1])
+    return stats, episode_of
+
+
 def episode_step_ms(stats: list[StepStats], episode_of: list[int], warmup: int) -> list[list[float]]:
     """Step latencies (ms) per input episode, the first `warmup` steps of the run left out."""
     out: dict[int, list[float]] = {}
@@ -120,6 +173,16 @@ def episode_step_ms(stats: list[StepStats], episode_of: list[int], warmup: int) 
         if i >= warmup:
             out.setdefault(e, []).append(s.latency_ms["total"])
     return [out[e] for e in sorted(out)]
+
+
+def mode_stage_means(stats: list[StepStats]) -> dict[str, dict[str, float]]:
+    """Per mode: its steps and the mean of every stage of STAGES, ms (the node's DecodeStats carry
+    the same stages, so a node's steps compare with bench's mode by mode)."""
+    out: dict[str, dict[str, float]] = {}
+    for mode in sorted({s.mode for s in stats}):
+        sel = [s for s in stats if s.mode == mode]
+        out[mode] = {"steps": len(sel), **{k: float(np.mean([s.latency_ms.get(k, 0.0) for s in sel])) for k in STAGES}}
+    return out
 
 
 def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, warmup: int,
@@ -135,6 +198,7 @@ def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, 
         **latency_figures([s.latency_ms["total"] for s in measured]),
         "stage_mean_ms": {k: float(np.mean([s.latency_ms.get(k, 0.0) for s in measured])) for k in STAGES},
         "stage_median_ms": {k: float(np.median([s.latency_ms.get(k, 0.0) for s in measured])) for k in STAGES},
+        "mode_stage_mean_ms": mode_stage_means(measured),
         "forwards_per_step": sum(s.llm_forwards for s in stats) / len(stats),
         **accept_figures([s.llm_forwards for s in stats], [s.skipped for s in stats]),
         "mode_mix": {k: v / len(stats) for k, v in sorted(modes.items())},
@@ -151,9 +215,9 @@ def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, 
 
 def run(args: argparse.Namespace) -> dict:
     from heisd_ros.core.engine import HybridDecoder
-    from heisd_ros.policy import PolicyPaths, load_policy
+    from heisd_ros.policy import PolicyPaths, load_policy, set_torch_threads
 
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)  # as the node's torch_threads
     torch.manual_seed(args.seed)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -181,16 +245,10 @@ def run(args: argparse.Namespace) -> dict:
                                  drafter=heisd.drafter, state_prior=heisd.state_prior) for m in methods}
     for dec in decoders.values():
         dec.profile = args.profile  # exact stage times on a GPU, at the cost of a wait per stage
-    stats: dict[str, list[StepStats]] = {m: [] for m in methods}
-    episode_of: list[int] = []
-    # Methods take turns on every observation, so background load hits all of them alike.
-    for e, episode in enumerate(episodes):
-        for dec in decoders.values():
-            dec.reset(episode[0].instruction)
-        for obs in episode:
-            episode_of.append(e)
-            for m, dec in decoders.items():
-                stats[m].append(dec.step(obs)[1])
+    pacer = Pacer(args.pace_hz)
+    t0 = time.monotonic()
+    stats, episode_of = decode_all(decoders, episodes, pacer)
+    steps_wall_s = time.monotonic() - t0
     ar_tokens = [tuple(s.tokens) for s in stats["ar"]]
     results = {m: summarise(m, stats[m], ar_tokens, args.warmup, args.profile) for m in methods}
     ar_eps = episode_step_ms(stats["ar"], episode_of, args.warmup)
@@ -200,7 +258,8 @@ def run(args: argparse.Namespace) -> dict:
         r["lossless"] = r["method"] in ("ar", "drafter", "retrieval")
     meta = {
         "command": " ".join(["heisd", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "heisd bench",
-        "args": vars(args), "seed": args.seed, "threads": args.threads, "git_rev": git_revision(),
+        "args": vars(args), "seed": args.seed, "threads": args.threads, "pace_hz": args.pace_hz,
+        "paced_ticks_skipped": pacer.skipped_ticks, "steps_wall_s": steps_wall_s, "git_rev": git_revision(),
         "platform": platform.platform(), "torch": torch.__version__, "config": to_dict(heisd.cfg),
         "bootstrap": bootstrap_meta(len(ar_eps), paired=True, unit="input episode"),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -267,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tree-nodes", type=int, default=None, help="override retrieval.max_tree_nodes")
     p.add_argument("--warmup", type=int, default=3, help="steps excluded from latency statistics")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (fixed for comparable timings)")
+    p.add_argument("--pace-hz", type=float, default=None,
+                   help="start the steps on the ticks of a control loop at this rate, sleeping the rest of "
+                        "each period (not counted), instead of back to back")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="write the report here")
@@ -275,7 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.pace_hz is not None and not (math.isfinite(args.pace_hz) and args.pace_hz > 0):
+        parser.error(f"--pace-hz must be > 0, got {args.pace_hz}")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     report = run(args)
     print_table(report)
     if args.profile:

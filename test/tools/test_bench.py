@@ -53,3 +53,49 @@ def test_build_is_cached(tiny_dir):
 def test_unknown_method_is_rejected(tiny_dir):
     with pytest.raises(SystemExit, match="unknown methods"):
         main(["--model", "tiny", "--tiny-dir", str(tiny_dir), "--methods", "beam"])
+
+
+def test_pace_hz_starts_the_steps_on_control_ticks(tiny_dir, tmp_path):
+    out = tmp_path / "paced.json"
+    hz = 40.0
+    assert main(["--model", "tiny", "--tiny-dir", str(tiny_dir), "--methods", "ar,heisd", "--episodes", "1",
+                 "--steps", "5", "--warmup", "1", "--pace-hz", str(hz), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    meta = report["_meta"]
+    assert meta["pace_hz"] == hz and meta["threads"] == 1
+    n = report["ar"]["steps"] + report["heisd"]["steps"]  # every decoder step is paced, in turn
+    assert n == 20
+    assert meta["steps_wall_s"] >= (n - 1) / hz - 1e-3
+    heisd = report["heisd"]["mode_stage_mean_ms"]
+    assert sum(m["steps"] for m in heisd.values()) == report["heisd"]["steps"] - 1  # warm-up left out
+    assert all(set(m) >= {"vision", "verify", "total"} for m in heisd.values())
+
+
+def test_pacer_sleeps_to_the_next_tick_and_skips_ticks_an_overrun_covered():
+    from heisd_ros.tools.bench import Pacer
+
+    now = [0.0]
+    slept = []
+
+    def sleep(s):
+        slept.append(round(s, 6))
+        now[0] += s
+
+    pacer = Pacer(10.0, clock=lambda: now[0], sleep=sleep)
+    pacer.wait()  # the first tick: no wait
+    now[0] += 0.03  # a 30 ms step
+    pacer.wait()
+    assert slept == [0.07] and now[0] == pytest.approx(0.1)
+    now[0] += 0.25  # a step of 250 ms covers the ticks at 0.2 and 0.3
+    pacer.wait()
+    assert now[0] == pytest.approx(0.4) and pacer.skipped_ticks == 2
+    unpaced = Pacer(None, clock=lambda: now[0], sleep=sleep)
+    unpaced.wait()
+    unpaced.wait()
+    assert len(slept) == 2
+
+
+@pytest.mark.parametrize("flag", [["--pace-hz", "0"], ["--pace-hz", "nan"], ["--threads", "0"]])
+def test_invalid_pace_or_threads_are_refused(flag):
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny", *flag])
