@@ -3,6 +3,7 @@ and build tiny test models."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -10,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from heisd_ros.core.action_tokenizer import NormStats, load_dataset_statistics
+from heisd_ros.core.action_tokenizer import NormStats, load_dataset_statistics, select_stats
 from heisd_ros.core.config import from_dict
 from heisd_ros.core.errors import ConfigError, ModelLoadError
 from heisd_ros.core.model_api import VLA
@@ -52,10 +53,7 @@ def _text_tokenizer(cfg: VLAConfig, directory: Path | None):
         raise ModelLoadError(f"cannot load tokenizer from {directory}: {err}") from err
 
 
-def load_vla(directory: str | Path, dtype: str = "float32", device: str = "cpu") -> VLAModel:
-    """Load a VLA saved by `VLAModel.save_pretrained` (or an OpenVLA checkpoint) from `directory`
-    (its state prior, if any, is `load_state_prior(directory)`)."""
-    d = Path(directory)
+def _read_config(d: Path) -> dict:
     config_path = d / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"no config.json in model directory {d}")
@@ -63,13 +61,40 @@ def load_vla(directory: str | Path, dtype: str = "float32", device: str = "cpu")
         meta = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"corrupt model config {config_path}: {err}") from err
+    if not isinstance(meta, dict):
+        raise ModelLoadError(f"{config_path} must hold a mapping")
+    return meta
+
+
+def require_heisd_vla(directory: str | Path, tool: str) -> None:
+    """Refuse an OpenVLA checkpoint for `tool`, which trains or rewrites a VLA saved by heisd
+    (ModelLoadError naming the directory); the config alone is read, no weights."""
+    if _read_config(Path(directory)).get("model_type") == "openvla":
+        raise ModelLoadError(f"{tool} trains or rewrites a VLA saved by heisd (heisd train-vla --out); {directory} "
+                             "is an OpenVLA checkpoint (train-drafter, build-db and calibrate take it as it is)")
+
+
+def load_vla(directory: str | Path, dtype: str = "float32", device: str = "cpu", unnorm_key: str | None = None,
+             center_crop: bool = False) -> VLA:
+    """Load a VLA saved by `VLAModel.save_pretrained` or an OpenVLA checkpoint from `directory`
+    (its state prior, if any, is `load_state_prior(directory)`).
+
+    `unnorm_key`: the dataset whose action statistics `vla.stats()` returns (None: the model's own
+    default; an unknown one names the known ones). `center_crop`: OpenVLA's 90 % centre crop of
+    every frame (`load_openvla`); a run-time choice for OpenVLA checkpoints only."""
+    d = Path(directory)
+    config_path = d / "config.json"
+    meta = _read_config(d)
     model_type = meta.get("model_type")
     if model_type == "openvla":
         from heisd_ros.models.openvla import load_openvla
 
-        return load_openvla(d, dtype=dtype, device=device)
+        return load_openvla(d, dtype=dtype, device=device, unnorm_key=unnorm_key, center_crop=center_crop)
     if model_type != "heisd_vla":
         raise ModelLoadError(f"{config_path}: unsupported model_type {model_type!r}")
+    if center_crop:
+        raise ModelLoadError(f"{d}: center_crop is OpenVLA's LIBERO preprocessing; this heisd model resizes whole "
+                             "frames as it was trained")
     if "heisd_vla" not in meta:
         raise ModelLoadError(f"{config_path}: no heisd_vla section")
     try:
@@ -77,6 +102,9 @@ def load_vla(directory: str | Path, dtype: str = "float32", device: str = "cpu")
     except (ConfigError, TypeError) as err:
         raise ModelLoadError(f"{config_path}: invalid heisd_vla section: {err}") from err
     stats = load_dataset_statistics(d / "dataset_statistics.json")
+    if unnorm_key is not None:
+        select_stats(stats, unnorm_key)  # an unknown key names the known ones
+        cfg = dataclasses.replace(cfg, unnorm_key=unnorm_key)
     model = VLAModel(cfg, stats, _text_tokenizer(cfg, d))
     _load_weights(model, d / "model.safetensors")
     return model.to(device=device, dtype=DTYPES[dtype]).eval()
@@ -89,9 +117,12 @@ class PolicyModel(NamedTuple):
     state_prior: StatePrior | None
 
 
-def load_policy_model(directory: str | Path, dtype: str = "float32", device: str = "cpu") -> PolicyModel:
-    """The VLA of `directory` and its state prior (float32 on the CPU: 4 inputs, < 0.1 ms a step)."""
-    return PolicyModel(load_vla(directory, dtype=dtype, device=device), load_state_prior(directory))
+def load_policy_model(directory: str | Path, dtype: str = "float32", device: str = "cpu",
+                      unnorm_key: str | None = None, center_crop: bool = False) -> PolicyModel:
+    """The VLA of `directory` (`load_vla`) and its state prior (float32 on the CPU: 4 inputs,
+    < 0.1 ms a step)."""
+    vla = load_vla(directory, dtype=dtype, device=device, unnorm_key=unnorm_key, center_crop=center_crop)
+    return PolicyModel(vla, load_state_prior(directory))
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:

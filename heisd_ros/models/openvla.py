@@ -16,6 +16,7 @@ padded to a multiple of 64), `ActionTokenizer.first_token_id` says where they st
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -73,8 +74,10 @@ class OpenVLAAdapter:
 
     def __init__(self, model: OpenVLAModel, arch: OpenVLAArch, transform: ImageTransform,
                  tokenizer: LlamaPromptTokenizer, norm_stats: dict[str, NormStats],
-                 unnorm_key: str | None = None) -> None:
+                 unnorm_key: str | None = None, config_digest: str = "") -> None:
         self.model = model
+        self.config_digest = config_digest
+        """sha256 of the checkpoint's config.json (part of `fingerprint`)."""
         self.arch = arch
         self.transform = transform
         self.tokenizer = tokenizer
@@ -102,6 +105,16 @@ class OpenVLAAdapter:
     def query_dim(self) -> int:
         """Channels per view of the retrieval query: the backbone's patch features (both towers)."""
         return self.vision_backbone.out_dim
+
+    def fingerprint(self) -> str:
+        """Short hash of what the backbone's patch features depend on: config.json, the image
+        transform (resize strategy, each tower's input, the centre crop) and (a sample of) the
+        towers' weights; feature caches live under it."""
+        from heisd_ros.models.vla import hash_weights
+
+        t = self.transform
+        h = hashlib.sha256(f"openvla:{self.config_digest}:{t.strategy}:{t.center_crop}:{t.towers!r}".encode())
+        return hash_weights(h, self.vision_backbone).hexdigest()[:12]
 
     def preprocess(self, images: list[np.ndarray]) -> torch.Tensor:
         """RGB uint8 [H, W, 3] per view -> pixels [V, 3 * towers, S, S] in the model's dtype."""
@@ -244,4 +257,5 @@ def load_openvla(directory: str | Path, dtype: str = "bfloat16", device: str = "
     check_layout(model, layout, d)
     load_tensors(model, layout, d, DTYPES[dtype], target)
     _finish(model, target)
-    return OpenVLAAdapter(model.eval(), arch, transform, tokenizer, stats, unnorm_key)
+    config_digest = hashlib.sha256((d / "config.json").read_bytes()).hexdigest()
+    return OpenVLAAdapter(model.eval(), arch, transform, tokenizer, stats, unnorm_key, config_digest)

@@ -11,6 +11,7 @@ the tiny model runs unchanged on the others.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,15 @@ class VLAConfig:
             raise ModelLoadError("image_size must be >= 8")
 
 
+def hash_weights(h, module: nn.Module, sample: int = 1024):
+    """`h` updated with every tensor's name and its first `sample` values as float32, in name
+    order: a cheap digest of a module's weights (any retraining changes those values)."""
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().reshape(-1)[:sample].float().cpu().numpy().tobytes())
+    return h
+
+
 class TinyConvBackbone(nn.Module):
     """Patchify conv + pointwise conv: images [B, 3, S, S] -> patch features [B, N, C]."""
 
@@ -147,6 +157,12 @@ class VLAModel(nn.Module):
     def query_dim(self) -> int:
         """Channels per view of the retrieval query (the backbone's patch features)."""
         return self.vision_backbone.out_dim
+
+    def fingerprint(self) -> str:
+        """Short hash of what the backbone's patch features depend on: the backbone kind, its input
+        size and (a sample of) its weights; feature caches live under it."""
+        h = hashlib.sha256(f"{self.cfg.vision}:{self.cfg.image_size}:{self.cfg.patch_size}".encode())
+        return hash_weights(h, self.vision_backbone).hexdigest()[:12]
 
     @property
     def reads_gripper_gap(self) -> bool:

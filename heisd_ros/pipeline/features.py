@@ -1,11 +1,12 @@
 """From demonstration episodes to training examples, database points and live features.
 
-Shared by `heisd train-vla`, `train-drafter`, `build-db` and `calibrate` (the mini VLA on LIBERO
-demos); `tiny_artifacts` does the same for synthetic data in memory.
+Shared by `heisd train-vla`, `train-drafter`, `build-db` and `calibrate` (a VLA saved by heisd or
+an OpenVLA checkpoint, on demonstrations); `tiny_artifacts` does the same for synthetic data in
+memory.
 
 - `FeatureCache`: the frozen vision backbone's patch features of the views the prompt reads,
-  computed once per demo step and kept on disk (fp16 .npy per episode and view), so training runs
-  projector + LLM only.
+  computed once per demo step and kept on disk (fp16 .npy per episode and view) under the model's
+  `fingerprint()`, so training runs projector + LLM only.
 - `episode_examples`: `Example`s (cached patches, the demo's OpenVLA action tokens).
 - `token_accuracy`: teacher-forced top-1 accuracy of the VLA on examples.
 - `episode_points`: `DemoPoint`s of one episode (obs = `embed_views` over all views; feat /
@@ -31,18 +32,16 @@ from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.engine import embed_views, prompt_patches
 from heisd_ros.core.model_api import ActionPrior
 from heisd_ros.core.types import ACTION_DIM
+from heisd_ros.models.openvla_weights import INDEX_FILE as SHARD_INDEX
 from heisd_ros.pipeline.episodes import VIEWS, DemoEpisode, EpisodeRef, load_episode
 from heisd_ros.pipeline.training import Example, action_logits, greedy_decode, teacher_forced
 from heisd_ros.pipeline.outputs import hash_file, progress_bar
 
 
 def model_fingerprint(vla) -> str:
-    """Short hash of the vision backbone's weights and input size (the cache is only valid for them)."""
-    h = hashlib.sha256(f"{vla.cfg.vision}:{vla.cfg.image_size}:{vla.cfg.patch_size}".encode())
-    for name, t in sorted(vla.vision_backbone.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().float().cpu().numpy().tobytes()[:4096])
-    return h.hexdigest()[:12] + _dtype_suffix(vla)
+    """Where a model's backbone features are cached: the model's own `fingerprint()` (its backbone
+    weights, input size and image transform; `VLAModel` and `OpenVLAAdapter` both say) and its dtype."""
+    return vla.fingerprint() + _dtype_suffix(vla)
 
 
 def _dtype_suffix(vla) -> str:
@@ -250,15 +249,24 @@ def collect_refs(demos: str = "", bags: str = "", dataset: str = "", tasks: Sequ
     return refs
 
 
+DIGEST_FILES = ("config.json", "dataset_statistics.json", "model.safetensors", "state_prior.json",
+                "state_prior.safetensors", SHARD_INDEX, "preprocessor_config.json")
+"""The files of a model directory `model_digest` reads (where present), then an OpenVLA
+checkpoint's weight shards (those its index names, by file name)."""
+
+
 def model_digest(model_dir: str | Path) -> str:
-    """sha256 (first 16 hex) of a saved model's config, statistics and weights (and its state
-    prior, which changes the greedy decodes cached under this digest)."""
+    """sha256 (first 16 hex) of a saved model's config, statistics and weights, one file or
+    sharded (and its state prior, which changes the greedy decodes cached under this digest)."""
+    d = Path(model_dir)
     h = hashlib.sha256()
-    for name in ("config.json", "dataset_statistics.json", "model.safetensors", "state_prior.json",
-                 "state_prior.safetensors"):
-        p = Path(model_dir) / name
-        if p.is_file():
-            hash_file(p, h)
+    for name in DIGEST_FILES:
+        if (d / name).is_file():
+            hash_file(d / name, h)
+    if (d / SHARD_INDEX).is_file():
+        shards = json.loads((d / SHARD_INDEX).read_text()).get("weight_map", {}).values()
+        for name in sorted(set(shards)):
+            hash_file(d / name, h)
     return h.hexdigest()[:16]
 
 
@@ -267,12 +275,14 @@ class GreedyCache:
     `<directory>/greedy_<model digest>/<episode key>.npz` with tokens [T, 7] and f_live [T, D].
     train-drafter (its relabelled targets) and calibrate (live features) share it.
     `state_prior`: the state prior of `model_dir` (its files are part of the digest), so the
-    decodes are the tokens the engine executes."""
+    decodes are the tokens the engine executes. `center_crop`: the model was loaded with
+    OpenVLA's centre crop (its decodes differ from the uncropped model's)."""
 
     def __init__(self, directory: str | Path, vla, model_dir: str | Path, batch_size: int = 64,
-                 state_prior: ActionPrior | None = None) -> None:
+                 state_prior: ActionPrior | None = None, center_crop: bool = False) -> None:
         self.vla = vla
-        self.dir = Path(directory) / f"greedy_{model_digest(model_dir)}{_dtype_suffix(vla)}"
+        crop = "_crop" if center_crop else ""
+        self.dir = Path(directory) / f"greedy_{model_digest(model_dir)}{crop}{_dtype_suffix(vla)}"
         self.batch_size = batch_size
         self.state_prior = state_prior
 

@@ -10,6 +10,7 @@ Usage:
         [--tasks 0-9] [--dataset NAME] [--collection heisd_demos] [--fresh] [--latency-queries 200] [--threads 1]
         [--dtype float32|bfloat16]   (the dtype the policy runs in; a different dtype re-embeds everything)
         [--query-views N]            (the leading views the query pools, 0 = all; recorded in the manifest)
+        [--unnorm-key KEY] [--center-crop]   (OpenVLA checkpoints: the statistics and the crop the policy uses)
         [--gripper-open-positive] [--gripper-range LO,HI] [--twist-linear-scale S] [--trust-actions] ...
 
 One point per demo step: `obs` = the VLA's own backbone over both views, or over the first
@@ -91,6 +92,11 @@ class BuildDbConfig:
     """Model dtype for the embeddings: build with the dtype the policy runs in, since verify-skip
     compares live features with the stored ones at similarities closer to 1 than a bf16 feature of
     the same input is to its float32 one."""
+    unnorm_key: str = ""
+    """The dataset whose action statistics tokenise the demonstrations ('' = the model's only or
+    default one): the policy's `decoder.unnorm_key`."""
+    center_crop: bool = False
+    """OpenVLA's 90 % centre crop of every frame, as the policy will run; recorded in the manifest."""
     query_views: int = 0
     """Leading views (agentview, wrist) the `obs` query pools; 0 = both. Recorded in the manifest,
     where a policy with `retrieval.query_views: 0` picks it up; 1 spares every retrieval step
@@ -141,7 +147,7 @@ def run(cfg: BuildDbConfig) -> dict:
     if cfg.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    vla = load_vla(cfg.model, dtype=cfg.dtype)
+    vla = load_vla(cfg.model, dtype=cfg.dtype, unnorm_key=cfg.unnorm_key or None, center_crop=cfg.center_crop)
     digest = model_digest(cfg.model)
     query_views = cfg.query_views or len(VIEWS)
     manifest = _current_manifest(out / MANIFEST, cfg, digest, query_views)
@@ -168,7 +174,7 @@ def run(cfg: BuildDbConfig) -> dict:
         "config": dataclasses.asdict(cfg),
         "git_revision": git_revision(),
         "threads": cfg.threads,
-        "model_digest": digest, "dtype": cfg.dtype, "query_views": query_views,
+        "model_digest": digest, "dtype": cfg.dtype, "query_views": query_views, "center_crop": cfg.center_crop,
         "action_check": action_check,
         "episodes": len(refs), "held_out_left_out": len(held_out) if cfg.train_split_only else 0,
         "episodes_skipped_as_done": skipped, "points_written": written,
@@ -186,10 +192,11 @@ def _current_manifest(path: Path, cfg: BuildDbConfig, digest: str, query_views: 
     """The manifest at `path` if its vectors fit this build, else a fresh one (nothing done)."""
     manifest = json.loads(path.read_text()) if path.is_file() else {}
     if (manifest.get("model_digest") != digest or manifest.get("dtype", "float32") != cfg.dtype
-            or manifest.get("query_views", len(VIEWS)) != query_views):
-        # another model, the same one at another dtype, or other views: every stored vector is stale
+            or manifest.get("query_views", len(VIEWS)) != query_views
+            or manifest.get("center_crop", False) != cfg.center_crop):
+        # another model, the same one at another dtype or crop, or other views: every stored vector is stale
         manifest = {"model": str(cfg.model), "model_digest": digest, "dtype": cfg.dtype,
-                    "query_views": query_views, "done": {}}
+                    "query_views": query_views, "center_crop": cfg.center_crop, "done": {}}
     return manifest
 
 
@@ -244,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = BuildDbConfig(demos="x")
     p = argparse.ArgumentParser(prog="heisd build-db", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d.model, help="VLA directory (heisd train-vla --out)")
+    p.add_argument("--model", default=d.model, help="VLA directory (heisd train-vla --out, or an OpenVLA checkpoint)")
     p.add_argument("--out", default=d.out, help="database directory (embedded Qdrant Edge)")
     p.add_argument("--collection", default=d.collection)
     p.add_argument("--fresh", action="store_true", help="delete an existing database at --out first")
@@ -257,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"),
                    help="model dtype for the embeddings (the dtype the policy will run in)")
+    p.add_argument("--unnorm-key", default="", help="dataset of the model's action statistics (default: its only one)")
+    p.add_argument("--center-crop", action="store_true",
+                   help="OpenVLA checkpoints: 90 %% centre crop of every frame, as the policy will run")
     p.add_argument("--query-views", type=int, default=d.query_views,
                    help="leading views (agentview, wrist) the retrieval query pools; 0 = all (default)")
     p.add_argument("--no-progress", dest="progress", action="store_false")

@@ -4,7 +4,7 @@ Usage:
     heisd calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos artifacts/demos/libero_object \
         --out artifacts/mini_calibration.json [--plots DIR] [--bags DIR | --lerobot DIR] [--map ...]
         [--dataset NAME] [--tasks 0-9] (the source flags given to build-db: heisd_ros/tools/source_args.py)
-        [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1]
+        [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1] [--unnorm-key KEY] [--center-crop]
         [--tau-rule balanced|cost] [--step-costs-from EVAL_LOG | --step-costs-ms D,RP,RF]
         [--pin-tau T] [--pin-min-similarity S] [--pin-max-consecutive-skips N]
 
@@ -75,6 +75,10 @@ class CalibrateConfig:
     threads: int = 1
     dtype: str = "float32"
     """Model dtype for the live features: the one the database was built with and the policy runs in."""
+    unnorm_key: str = ""
+    """The dataset of the model's action statistics, as given to build-db."""
+    center_crop: bool = False
+    """OpenVLA's 90 % centre crop, as given to build-db and used by the policy."""
     tau_rule: str = "balanced"
     step_costs_from: str = ""
     """eval-libero log to measure step costs from (`eval_report.step_costs`)."""
@@ -208,7 +212,9 @@ def run(cfg: CalibrateConfig) -> dict:
 
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    vla, prior = load_policy_model(cfg.model, dtype=cfg.dtype)
+    _check_crop(cfg)
+    vla, prior = load_policy_model(cfg.model, dtype=cfg.dtype, unnorm_key=cfg.unnorm_key or None,
+                                   center_crop=cfg.center_crop)
     store = make_store(StoreConfig(backend="edge", path=cfg.db, collection=cfg.collection))
     try:
         points = list(store.scroll())
@@ -220,7 +226,8 @@ def run(cfg: CalibrateConfig) -> dict:
     t_live = time.perf_counter()
     if cfg.has_sources:
         cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
-        cache, greedy = FeatureCache(cache_dir, vla), GreedyCache(cache_dir, vla, cfg.model, state_prior=prior)
+        cache = FeatureCache(cache_dir, vla)
+        greedy = GreedyCache(cache_dir, vla, cfg.model, state_prior=prior, center_crop=cfg.center_crop)
         refs = EpisodeSources.of(cfg).refs()
         live_prev = live_prev_features(vla, points, refs, cache, greedy, cfg.progress)
     else:
@@ -245,6 +252,17 @@ def run(cfg: CalibrateConfig) -> dict:
     if applied.fused_metric.tau != calib["fused_metric"]["tau"]:
         raise CalibrationError(f"{cfg.out} does not apply to a DecoderConfig")
     return calib
+
+
+def _check_crop(cfg: CalibrateConfig) -> None:
+    """Refuse live features under another crop than the database's (its manifest says which)."""
+    from heisd_ros.store.manifest import read_manifest
+
+    manifest = read_manifest(cfg.db)
+    built = bool(manifest.get("center_crop", False)) if manifest is not None else cfg.center_crop
+    if built != cfg.center_crop:
+        raise ConfigError(f"the database at {cfg.db} was built {'with' if built else 'without'} --center-crop; "
+                          "give calibrate the same")
 
 
 def pin_operating_point(calib: dict, tau: float | None, min_similarity: float | None,
@@ -284,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"),
                    help="model dtype for live features (as given to build-db and the policy)")
+    p.add_argument("--unnorm-key", default="", help="dataset of the model's action statistics (as given to build-db)")
+    p.add_argument("--center-crop", action="store_true", help="OpenVLA's 90 %% centre crop (as given to build-db)")
     p.add_argument("--tau-rule", default=d.tau_rule, choices=TAU_RULES)
     p.add_argument("--step-costs-from", default="", help="eval-libero log (.jsonl/.jsonl.gz) to measure step costs from")
     p.add_argument("--step-costs-ms", default="", help="drafter,retrieval-pass,retrieval-fail step times in ms")

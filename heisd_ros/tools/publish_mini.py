@@ -63,10 +63,11 @@ def publish(cfg: PublishConfig) -> dict:
     import torch
 
     from heisd_ros.core.drafter import load_drafter
-    from heisd_ros.models.loader import load_policy_model
+    from heisd_ros.models.loader import load_policy_model, require_heisd_vla
     from heisd_ros.pipeline.outputs import git_revision, hash_file
 
     _check_calibration(Path(cfg.calibration))  # refuse a broken file before writing anything
+    require_heisd_vla(cfg.model, "heisd publish-mini")
     out = Path(cfg.out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,9 +1,9 @@
-"""`heisd train-drafter`: the EAGLE-style drafter head of the mini VLA (docs/design.md §2, §3).
+"""`heisd train-drafter`: the EAGLE-style drafter head of a VLA (docs/design.md §2, §3).
 
 Usage:
     heisd train-drafter --model artifacts/mini_vla --demos artifacts/demos/libero_object \
         --out artifacts/mini_drafter [--steps 1000] [--batch-size 32] [--seed 0] [--cache-dir DIR] [--tasks 0-9]
-        [--engine-steps 200] [--threads 1]
+        [--engine-steps 200] [--threads 1] [--unnorm-key KEY] [--center-crop]
         [--bags DIR | --lerobot DIR] [--map ...] [--dataset NAME]   (the source flags of build-db)
 
 The head (one LLaMA block over fc([token embedding ; feature])) learns from the VLA's *own*
@@ -56,6 +56,11 @@ class TrainDrafterConfig:
     """Used only when the model has no train_log.json naming its held-out episodes."""
     cache_dir: str = ""
     """Feature cache of train-vla (default: <model>_features)."""
+    unnorm_key: str = ""
+    """The dataset whose action statistics tokenise the demonstrations ('' = the model's only or
+    default one; an OpenVLA checkpoint trained on a mixture needs one)."""
+    center_crop: bool = False
+    """OpenVLA's 90 % centre crop of every frame, as the policy will run (LIBERO fine-tunes)."""
     tasks: tuple[int, ...] | None = None
     """HDF5 task indices (None = every file; give train-vla's)."""
     engine_steps: int = 200
@@ -110,13 +115,14 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int, state_prio
         return {}
     per_episode = max(1, n_steps // len(refs))
     rng = np.random.default_rng(seed)
-    ar = HybridDecoder(vla, DecoderConfig(method="ar"), state_prior=state_prior)
-    sd = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=drafter, state_prior=state_prior)
+    views = VIEWS[: vla.prompt_views]  # what the prompt reads: a one-camera recording suffices for OpenVLA
+    ar = HybridDecoder(vla, DecoderConfig(method="ar", views=views), state_prior=state_prior)
+    sd = HybridDecoder(vla, DecoderConfig(method="drafter", views=views), drafter=drafter, state_prior=state_prior)
     accept, forwards, same, ms_ar, ms_sd = [], [], [], [], []
     for ref in refs:
         ep = load_episode(ref)
         for t in sorted(rng.choice(ep.length, min(per_episode, ep.length), replace=False)):
-            obs = Observation({v: ep.images[v][t] for v in VIEWS}, ep.instruction, ep.ee_pos[t],
+            obs = Observation({v: ep.images[v][t] for v in views}, ep.instruction, ep.ee_pos[t],
                               gripper_gap=ep.finger_gap(t))
             _, st_ar = ar.step(obs)
             _, st = sd.step(obs)
@@ -144,12 +150,12 @@ def run(cfg: TrainDrafterConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    vla, prior = load_policy_model(cfg.model)
+    vla, prior = load_policy_model(cfg.model, unnorm_key=cfg.unnorm_key or None, center_crop=cfg.center_crop)
     refs = EpisodeSources.of(cfg).refs()
     train_refs, val_refs = held_out_split(refs, cfg.model, cfg.val_fraction, cfg.seed)
     cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"
     cache = FeatureCache(cache_dir, vla)
-    greedy = GreedyCache(cache_dir, vla, cfg.model, state_prior=prior)
+    greedy = GreedyCache(cache_dir, vla, cfg.model, state_prior=prior, center_crop=cfg.center_crop)
     t_greedy = time.perf_counter()
     own, _ = own_examples(vla, train_refs, cache, greedy, "greedy relabel", cfg.progress)
     own_val, _ = own_examples(vla, val_refs, cache, greedy, "greedy relabel (held out)", cfg.progress)
@@ -200,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainDrafterConfig()
     p = argparse.ArgumentParser(prog="heisd train-drafter", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d.model, help="mini VLA directory (heisd train-vla --out)")
+    p.add_argument("--model", default=d.model, help="VLA directory (heisd train-vla --out, or an OpenVLA checkpoint)")
     p.add_argument("--out", default=d.out, help="drafter directory to write")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -209,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=d.val_fraction)
     p.add_argument("--cache-dir", default=d.cache_dir, help="feature cache (default: <model>_features)")
     p.add_argument("--engine-steps", type=int, default=d.engine_steps)
+    p.add_argument("--unnorm-key", default="", help="dataset of the model's action statistics (default: its only one)")
+    p.add_argument("--center-crop", action="store_true",
+                   help="OpenVLA checkpoints: 90 %% centre crop of every frame, as the policy will run")
     p.add_argument("--fp32", dest="bf16_autocast", action="store_false", default=None,
                    help="train in fp32 (default: bf16 autocast only on CPUs with bf16 instructions)")
     p.add_argument("--bf16", dest="bf16_autocast", action="store_true", help="train under bf16 autocast")

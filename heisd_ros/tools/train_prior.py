@@ -55,7 +55,7 @@ def prior_training_data(vla, refs) -> dict[str, list[tuple[np.ndarray, np.ndarra
 def run(args: argparse.Namespace) -> dict:
     from heisd_ros.pipeline.outputs import progress_bar, write_json
     from heisd_ros.pipeline.episodes import scan_hdf5
-    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.loader import load_vla, require_heisd_vla
     from heisd_ros.models.state_prior import StatePriorConfig, fit_state_prior
     from heisd_ros.pipeline.outputs import git_revision
     from heisd_ros.tools.args import parse_tasks
@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> dict:
     src, out = Path(args.model), Path(args.out)
     if src.resolve() == out.resolve():
         raise ConfigError("--out must differ from --model (the prior is written into a copy)")
+    require_heisd_vla(src, "heisd train-prior")
     vla = load_vla(src)
     refs = scan_hdf5(args.demos, parse_tasks(args.tasks))
     data = prior_training_data(vla, refs)

@@ -205,7 +205,7 @@ def _start_model(cfg: TrainVLAConfig, train_refs: list):
     """(VLA, its norm stats, the state prior to carry over or None): `--init-from`'s model, or a
     fresh mini VLA with norm stats and state normalisation from the training episodes."""
     from heisd_ros.core.action_tokenizer import NormStats
-    from heisd_ros.models.loader import load_policy_model
+    from heisd_ros.models.loader import load_policy_model, require_heisd_vla
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
     from heisd_ros.models.vla import VLAModel
     from heisd_ros.pipeline.episodes import load_episode
@@ -213,6 +213,7 @@ def _start_model(cfg: TrainVLAConfig, train_refs: list):
     if cfg.init_from:
         # Keep the starting model's norm stats: a token must keep meaning the same action (and the
         # state prior, which predicts those tokens, stays valid).
+        require_heisd_vla(cfg.init_from, "heisd train-vla --init-from")
         vla, prior = load_policy_model(cfg.init_from, dtype="float32")
         return vla.eval(), vla.stats(), prior
     train_eps = [load_episode(r, with_images=False) for r in train_refs]
