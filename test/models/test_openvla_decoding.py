@@ -154,3 +154,33 @@ def test_retrieval_and_strict_heisd_equal_ar(vla, drafter, store, reference):
             assert st.tokens == reference[seed], (seed, p, st.mode)
             modes.add(st.mode)
     assert modes == {"drafter", "retrieval"}
+
+
+def test_a_trained_drafter_is_accepted_beyond_one_token_per_forward(vla, reference, monkeypatch):
+    """A drafter trained on the checkpoint's own greedy tokens gets several tokens per forward
+    accepted; with the old offset (action ids read off the padded embedding: 64 too high) the
+    same drafter's proposals never match, and each forward fixes one token."""
+    from heisd_ros.pipeline.training import Example, train_drafter
+
+    seeds = list(SEEDS)[:8]
+    examples = [Example(images=[random_observation(s).images["agentview"]], instruction=random_observation(s).instruction,
+                        tokens=np.asarray(reference[s])) for s in seeds]
+    trained, _ = train_drafter(vla, examples, steps=150, batch_size=8, lr=3e-3, seed=0, feature_noise=0.0)
+
+    def tokens_per_forward() -> float:
+        dec = HybridDecoder(vla, DecoderConfig(method="drafter"), drafter=trained)
+        stats = [dec.step(random_observation(s))[1] for s in seeds]
+        assert all(st.tokens == reference[s] for st, s in zip(stats, seeds))  # lossless either way
+        return 7 * len(stats) / sum(st.llm_forwards for st in stats)
+
+    fixed = tokens_per_forward()
+    assert fixed > 1.5, fixed
+    real_init = DrafterSession.__init__
+
+    def offset_bug(self, drafter, embed, head, first_token_id, logit_bias=None):
+        real_init(self, drafter, embed, head, embed.num_embeddings - 256, logit_bias)
+
+    monkeypatch.setattr(DrafterSession, "__init__", offset_bug)
+    buggy = tokens_per_forward()
+    assert buggy < 1.2, buggy
+    print(f"tokens per forward: {fixed:.2f} with the action tokenizer ids, {buggy:.2f} with the old offset")
