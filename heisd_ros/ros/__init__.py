@@ -9,7 +9,8 @@ The node (`node.PolicyNode`, entry point `node.main`) and what it is made of:
 - `status`: problems, throttled warnings and step counters; `diagnostics`: the /diagnostics message;
 - `conversions`: messages <-> numpy (images, poses, commands, stats); `outputs`: the publishers;
 - `qos`, `log_bridge`, `standalone_args`: topic QoS, core warnings to /rosout, the standalone CLI.
-`playback` publishes and records bags for `heisd replay`.
+`playback` publishes and records bags for `heisd replay`, `bag_stream` routes a bag's topics to the
+node's inputs in streamed step segments, `replay_target` finds, starts and warms up the node it replays into.
 
 Nothing is imported here; `sync`, `params`, `param_file`, `status`, `watchdog`, `conversions`,
 `log_bridge` and `standalone_args` import without rclpy.
