@@ -53,12 +53,16 @@ if stage point; then
 fi
 
 if stage eval; then
+    # One process per task, appending to its shard's log: MuJoCo does not give back all the memory
+    # of a task's closed envs (about 0.5-1 GB per task), which grew each process to 10 GB.
     for part in a:0-4:db b:5-9:db_b; do
         IFS=: read -r name tasks db <<< "$part"
-        $H eval-libero "${COMMON[@]}" --db $E/$db --calibration $E/calibration.json --tasks "$tasks" \
-            --init-states 40-49 --methods ar,drafter,specvla,heisd --variants "$ABLATIONS" \
-            --subset-methods retrieval,heisd_tau0,heisd_noskip --subset-init-states 40-42 \
-            --out $E/eval_$name.json > $E/eval_$name.out 2>&1 &
+        for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
+            $H eval-libero "${COMMON[@]}" --db $E/$db --calibration $E/calibration.json --tasks "$task" \
+                --init-states 40-49 --methods ar,drafter,specvla,heisd --variants "$ABLATIONS" \
+                --subset-methods retrieval,heisd_tau0,heisd_noskip --subset-init-states 40-42 \
+                --out $E/eval_$name.json >> $E/eval_$name.out 2>&1
+        done &
     done
     wait
 fi
