@@ -456,7 +456,9 @@ def start_node(cfg: SoakConfig, paths: dict[str, str], image_size: int = 64) -> 
     views = cfg.view_names
     params = {**paths, "decoder.method": cfg.method, "control_rate_hz": float(cfg.control_rate_hz),
               "decoder.views": list(views), "image_topics": [image_topic(cfg, v) for v in views],
-              "compressed_images": cfg.compressed, "diagnostics_period_s": 1.0}  # fmt: skip
+              "compressed_images": cfg.compressed, "diagnostics_period_s": 1.0,
+              # commands are what the soak measures; every episode runs on, as the stream keeps coming
+              "command_enabled": True, "after_episode": "continue"}  # fmt: skip
     if cfg.node_threads > 0:
         params["torch_threads"] = cfg.node_threads
     if not cfg.hostile:

@@ -1,7 +1,9 @@
 """Assemble a HybridDecoder from files: model (with its state prior), drafter, database, calibration.
 
-`model_dir="tiny"` builds (once, cached under `tiny_cache_dir`) the tiny policy from synthetic
-demonstrations; every other value is a local model directory (offline, never a hub).
+Every `model_dir` is a local model directory (offline, never a hub). For the offline tools only
+(bench, benchmarks), `model_dir="tiny"` builds (once, cached under `tiny_cache_dir`) the tiny test
+policy from synthetic demonstrations; the policy node passes `build_tiny=False` and loads only the
+directories it is given.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import load_drafter
 from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
-from heisd_ros.core.errors import DatabaseUnavailableError, EmptyDatabaseError, ModelLoadError
+from heisd_ros.core.errors import DatabaseError, DatabaseUnavailableError, EmptyDatabaseError, ModelLoadError
 from heisd_ros.models.loader import DTYPES, load_policy_model
 from heisd_ros.pipeline.calibration import apply_calibration
 
@@ -124,6 +126,13 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
     if store.count() == 0:
         store.close()
         raise EmptyDatabaseError(f"the demonstration database at {store_cfg.path or store_cfg.url} is empty")
+    manifest = database_manifest(store_cfg.path) if store_cfg.backend == "edge" else None
+    if manifest is not None and bool(manifest.get("center_crop", False)) != cfg.center_crop:
+        store.close()  # its vectors embed other pixels than the policy will see: no match would be real
+        way = {True: "with", False: "without"}
+        raise DatabaseError(f"the database at {store_cfg.path} was built {way[not cfg.center_crop]} the centre "
+                            f"crop, the policy runs {way[cfg.center_crop]} it: decoder.center_crop must match "
+                            "build-db --center-crop")
     db_dtype = database_dtype(store_cfg.path) if store_cfg.backend == "edge" else None
     if db_dtype not in (None, cfg.dtype):
         log.warning("the database at %s was embedded at %s, the policy runs at %s: verify-skip compares "
@@ -135,15 +144,18 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
 
 
 def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig | None = None, store=None,
-                torch_threads: int | None = None) -> HybridDecoder:
+                torch_threads: int | None = None, build_tiny: bool = True) -> HybridDecoder:
     """The decoder of `cfg.method` over the files in `paths`: the model and its state prior, the
     drafter and the database where the method needs them, the calibration applied. `store`: an
     open database to use instead of opening one. `torch_threads`: set (`set_torch_threads`) before
-    anything is loaded; None leaves torch's threads as they are."""
+    anything is loaded; None leaves torch's threads as they are. `build_tiny`: whether
+    `model_dir="tiny"` means the test policy (`resolve_paths`); False reads it as a directory."""
     if torch_threads is not None:
         set_torch_threads(torch_threads)
-    paths = resolve_paths(paths)
-    vla, state_prior = load_policy_model(paths.model_dir, dtype=cfg.dtype, device=cfg.device)
+    if build_tiny:
+        paths = resolve_paths(paths)
+    vla, state_prior = load_policy_model(paths.model_dir, dtype=cfg.dtype, device=cfg.device,
+                                         center_crop=cfg.center_crop)
     drafter = None
     if cfg.method in NEEDS_DRAFTER:
         if not paths.drafter_dir:

@@ -1,21 +1,26 @@
-"""Launch the heisd_ros policy node.
+"""Launch the heisd_ros policy node (a managed lifecycle node).
 
-    ros2 launch heisd_ros policy.launch.py
-    ros2 launch heisd_ros policy.launch.py params_file:=/path/policy.yaml namespace:=arm \
+    ros2 launch heisd_ros policy.launch.py model_dir:=/path/to/checkpoint
+    ros2 launch heisd_ros policy.launch.py params_file:=/path/policy.yaml namespace:=arm autostart:=false \
         agentview_image:=/cam_front/color/image_raw wrist_image:=/cam_wrist/color/image_raw \
         ee_pose:=/franka/ee_pose arm_command:=/franka/policy_command
 
 Standalone equivalent (venv, no launch): policy_node --params-file config/policy.yaml \
-    --ros-args -r __ns:=/arm -r agentview/image_raw:=/cam_front/color/image_raw ...
+    -p model_dir:=/path/to/checkpoint --ros-args -r __ns:=/arm -r agentview/image_raw:=/cam_front/color/image_raw ...
 
-Each topic argument remaps the node's default topic name (config/policy.yaml) to the given one.
+The node is launched with launch_ros' LifecycleNode, so lifecycle events (ChangeState) from this
+or an including launch file reach it. `autostart` (default true) is passed to the node, which then
+configures and activates itself; launch_ros' own autostart is left off so the transitions are not
+requested twice. With autostart:=false the node waits unconfigured for a lifecycle manager or
+`ros2 lifecycle set`. Either way it commands nothing until command_enabled is set (~/enable).
+`model_dir`, when given, overrides the parameter file's. Each topic argument remaps the node's
+default topic name (config/policy.yaml) to the given one.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
-from launch_ros.actions import Node
-from launch_ros.parameter_descriptions import ParameterValue
+from launch_ros.actions import LifecycleNode
 from launch_ros.substitutions import FindPackageShare
 
 # launch argument -> (the node's default topic name, what it carries)
@@ -24,13 +29,46 @@ TOPICS = {
     "wrist_image": ("wrist/image_raw", "sensor_msgs/Image of the wrist view"),
     "ee_pose": ("ee_pose", "geometry_msgs/PoseStamped end-effector pose"),
     "joint_states": ("joint_states", "sensor_msgs/JointState finger joints (models that read the finger gap)"),
-    "instruction": ("instruction", "std_msgs/String instruction (latched)"),
+    "instruction": ("instruction", "std_msgs/String instruction (volatile unless instruction_durability)"),
     "episode_result": ("episode_result", "std_msgs/Bool episode outcome"),
     "arm_command": ("arm_command", "heisd_ros/ArmCommand output"),
     "decode_stats": ("decode_stats", "heisd_ros/DecodeStats output"),
-    "cmd_twist": ("cmd_twist", "geometry_msgs/TwistStamped output (publish_twist)"),
-    "gripper_command": ("gripper_command", "std_msgs/Float64 gripper output (publish_twist)"),
+    "servo_twist": ("delta_twist_cmds", "geometry_msgs/TwistStamped for MoveIt Servo (arm_outputs.publish_twist)"),
+    "pose_target": ("target_pose", "geometry_msgs/PoseStamped target (arm_outputs.publish_pose_target)"),
+    "gripper_trajectory": ("gripper_trajectory",
+                           "trajectory_msgs/JointTrajectory fingers (arm_outputs.publish_gripper_trajectory)"),
+    "gripper_positions": ("gripper_positions",
+                          "std_msgs/Float64MultiArray fingers (arm_outputs.publish_gripper_positions)"),
 }
+
+
+def _true(text: str) -> bool:
+    return text.strip().lower() in ("true", "1", "yes")
+
+
+def _policy_node(context, *args, **kwargs):
+    """The node, built once the arguments are known (model_dir and autostart are passed only when
+    given: an empty override would replace the parameter file's value)."""
+
+    def value(name: str) -> str:
+        return LaunchConfiguration(name).perform(context)
+
+    overrides = {"use_sim_time": _true(value("use_sim_time"))}
+    if value("autostart"):
+        overrides["autostart"] = _true(value("autostart"))
+    if value("model_dir"):
+        overrides["model_dir"] = value("model_dir")
+    return [LifecycleNode(
+        package="heisd_ros",
+        executable="policy_node",
+        name=value("node_name"),
+        namespace=value("namespace"),
+        parameters=[value("params_file"), overrides],
+        remappings=[(topic, value(arg)) for arg, (topic, _) in TOPICS.items()],
+        ros_arguments=["--log-level", value("log_level")],
+        output="screen",
+        emulate_tty=True,
+    )]
 
 
 def generate_launch_description() -> LaunchDescription:
@@ -38,6 +76,11 @@ def generate_launch_description() -> LaunchDescription:
     arguments = [
         DeclareLaunchArgument("params_file", default_value=default_params,
                               description="ROS 2 parameter file of the policy node"),
+        DeclareLaunchArgument("model_dir", default_value="",
+                              description="the policy's checkpoint directory (overrides the parameter file's)"),
+        DeclareLaunchArgument("autostart", default_value="",
+                              description="configure and activate at start-up: true or false (false: wait for a "
+                                          "lifecycle manager); empty: the parameter file's autostart (default true)"),
         DeclareLaunchArgument("namespace", default_value="", description="namespace of the node and its topics"),
         DeclareLaunchArgument("node_name", default_value="policy_node", description="name of the node"),
         DeclareLaunchArgument("use_sim_time", default_value="false",
@@ -48,18 +91,4 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument(arg, default_value=topic, description=f"{text} (remaps '{topic}')")
         for arg, (topic, text) in TOPICS.items()
     ]
-    node = Node(
-        package="heisd_ros",
-        executable="policy_node",
-        name=LaunchConfiguration("node_name"),
-        namespace=LaunchConfiguration("namespace"),
-        parameters=[
-            LaunchConfiguration("params_file"),
-            {"use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool)},
-        ],
-        remappings=[(topic, LaunchConfiguration(arg)) for arg, (topic, _) in TOPICS.items()],
-        ros_arguments=["--log-level", LaunchConfiguration("log_level")],
-        output="screen",
-        emulate_tty=True,
-    )
-    return LaunchDescription(arguments + [node])
+    return LaunchDescription(arguments + [OpaqueFunction(function=_policy_node)])

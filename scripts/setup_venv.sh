@@ -25,7 +25,7 @@ BUILD="$ROOT/build"
 inputs_hash() {
     # Everything whose change requires re-running a step below.
     sha256sum requirements.txt requirements-runtime.txt requirements-dev.txt CMakeLists.txt package.xml setup.cfg setup.py \
-        scripts/setup_venv.sh msg/*.msg | sha256sum | cut -d' ' -f1
+        scripts/setup_venv.sh msg/*.msg action/*.action | sha256sum | cut -d' ' -f1
 }
 
 up_to_date() {

@@ -298,6 +298,9 @@ class DecoderConfig:
     """A task without database entries: 'error' (UnknownTaskError) or 'drafter' (decode without retrieval)."""
     unnorm_key: str = ""
     """Which entry of the model's dataset statistics un-normalises actions ('' = the model's default)."""
+    center_crop: bool = False
+    """OpenVLA's 90 % centre crop of every frame before the model (the LIBERO fine-tunes were trained
+    with it). The database must have been built the same way (build-db --center-crop)."""
     gripper_hold_steps: int = 0
     """Debounce: the executed gripper command changes only after this many consecutive steps ask
     for the change (0 = every step's own command, as OpenVLA). For policies whose gripper token

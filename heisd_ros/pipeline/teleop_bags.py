@@ -20,7 +20,8 @@ gripper value published at or before it (steps before the first one are dropped)
 are paired like the pose and kept only when every step has them.
 
 A twist is a velocity: the step's delta is `linear / twist_linear_scale` and
-`angular / twist_angular_scale`, the inverse of the policy node's own twist output (docs/node.md).
+`angular / twist_angular_scale`; with both scales at the control rate this is the inverse of the
+node's Servo twist (delta / control period, docs/arm_stacks.md).
 The actions then go through the action convention (`heisd_ros.pipeline.action_convention`).
 
 Episode numbers are stable as a recording set grows: a bag named `demo_<i>` (gen-demos) is

@@ -5,6 +5,8 @@ The node (`node.PolicyNode`, entry point `node.main`) and what it is made of:
   out as a documented ROS 2 parameter file;
 - `sync`: approximate-time synchronisation of the camera views and the pose;
 - `step`: one control step (observation, decoder, safety checks); `worker`: the inference thread;
+- `lifecycle`: the managed-node transitions and the warm-up; `task_control`: episodes, the one
+  gate of every command, the ~/run_task action and the ~/enable, ~/reset services;
 - `watchdog`: withholds commands while inference overruns its budget;
 - `status`: problems, throttled warnings and step counters; `diagnostics`: the /diagnostics message;
 - `conversions`: messages <-> numpy (images, poses, commands, stats); `outputs`: the publishers;

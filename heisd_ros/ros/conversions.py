@@ -269,12 +269,19 @@ def string_from_cdr(raw: bytes, max_bytes: int) -> str:
 # pose
 
 
-def pose_to_position(msg: Any, quat_norm_tol: float = 0.05) -> np.ndarray:
+def pose_to_position(msg: Any, quat_norm_tol: float = 0.05, frame_id: str | None = None) -> np.ndarray:
     """geometry_msgs/PoseStamped (or Pose) -> end-effector position [3] float64, metres.
 
     The orientation is not used by the policy but is validated: a NaN or non-unit quaternion
-    means the publisher is broken, and its position is not trusted either.
+    means the publisher is broken, and its position is not trusted either. With `frame_id`, a
+    PoseStamped in another frame is refused too (a leading '/' is ignored, as tf2 ignores it): the
+    policy's deltas and every output are expressed in that frame.
     """
+    header = getattr(msg, "header", None)
+    if frame_id is not None and header is not None and header.frame_id.lstrip("/") != frame_id.lstrip("/"):
+        raise InvalidObservationError(f"end-effector pose in frame {_short(header.frame_id)}, but commands are "
+                                      f"in command_frame_id {frame_id!r}: publish the pose in that frame or set "
+                                      "command_frame_id to the pose's frame")  # fmt: skip
     pose = msg.pose if hasattr(msg, "pose") else msg
     p, q = pose.position, pose.orientation
     position = np.array([p.x, p.y, p.z], dtype=np.float64)
@@ -377,20 +384,3 @@ def to_decode_stats(stats: StepStats, stamp_s: float, frame_id: str, step_id: in
     return msg
 
 
-def to_twist(action: np.ndarray, stamp_s: float, frame_id: str, linear_scale: float, angular_scale: float) -> Any:
-    """Action [7] -> geometry_msgs/TwistStamped (delta position/rotation times the scales)."""
-    from geometry_msgs.msg import TwistStamped
-
-    a = check_action(action)
-    msg = TwistStamped()
-    msg.header = _header(stamp_s, frame_id)
-    msg.twist.linear.x, msg.twist.linear.y, msg.twist.linear.z = (float(v) * linear_scale for v in a[0:3])
-    msg.twist.angular.x, msg.twist.angular.y, msg.twist.angular.z = (float(v) * angular_scale for v in a[3:6])
-    return msg
-
-
-def to_gripper(action: np.ndarray) -> Any:
-    """Action [7] -> std_msgs/Float64 holding the gripper command (-1 open, +1 close)."""
-    from std_msgs.msg import Float64
-
-    return Float64(data=float(check_action(action)[GRIPPER_INDEX]))

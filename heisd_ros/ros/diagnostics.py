@@ -28,6 +28,8 @@ class NodeState:
     """(database healthy, status text) from the decoder's last health check."""
     worker_restarts: int = 0
     """Inference threads started after one died."""
+    commanding: str = ""
+    """The command gate: 'inactive', 'commanding' or 'dry run (command_enabled false)'."""
 
 
 def horizon_s(cfg: PolicyNodeConfig) -> float:
@@ -73,7 +75,8 @@ def _values(cfg: PolicyNodeConfig, snap: StatusSnapshot, state: NodeState) -> di
     rate = (len(recent) - 1) / span if span > 0 else 0.0
     health_ok, health_text = state.health
     return {
-        "method": cfg.decoder.method, "dry_run": str(n.dry_run), "instruction": state.instruction or "",
+        "method": cfg.decoder.method, "command_enabled": str(n.command_enabled), "commanding": state.commanding,
+        "instruction": state.instruction or "",
         "target_rate_hz": f"{n.control_rate_hz:.2f}", "command_rate_hz": f"{rate:.2f}",
         "control_period_ms": f"{n.control_period_s * 1e3:.1f}", "latency_median_ms": _median(lat),
         "latency_p95_ms": _p95(lat), "decode_median_ms": _median(dec), "steps": str(snap.steps),

@@ -1,7 +1,15 @@
 """The policy node: synchronised camera views + end-effector pose in, 7-DoF commands out.
 
 Usage (standalone, from the venv; behaves like `ros2 run heisd_ros policy_node`):
-    policy_node --params-file config/policy.yaml [--ros-args -p control_rate_hz:=5.0 -r __ns:=/arm]
+    policy_node --params-file config/policy.yaml -p model_dir:=/path/to/checkpoint \
+        [--ros-args -p control_rate_hz:=5.0 -r __ns:=/arm]
+
+A managed (lifecycle) node (heisd_ros/ros/lifecycle.py): configure loads the policy and warms it up,
+activate starts decoding, deactivate stops it; with `autostart` (the default) the node configures
+and activates itself. It commands nothing until `command_enabled` is true (~/enable,
+std_srvs/SetBool): bring it up on an arm as configure -> dry run (watch DecodeStats) -> enable.
+Episodes come from the ~/run_task action or the instruction topic and end with the stack's
+episode_result, ~/reset (std_srvs/Trigger), a cancel or a limit (heisd_ros/ros/task_control.py).
 
 Threads: subscriptions, the control timer and diagnostics run on the executor; decoding runs on
 ONE worker thread (`worker.InferenceWorker`), so callbacks never block. Each control tick hands
@@ -32,41 +40,32 @@ from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode
+from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
 
-from heisd_ros.core.errors import HeisdError, InvalidObservationError, ModelLoadError
+from heisd_ros.core.errors import HeisdError, InvalidObservationError
 from heisd_ros.core.gripper import finger_gap
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
-from heisd_ros.ros.input_limits import check_instruction, quote
+from heisd_ros.ros.input_limits import check_instruction
+from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
 from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
 from heisd_ros.ros.outputs import CommandOutputs
 from heisd_ros.ros.params import PolicyNodeConfig, build_config, declare_all, validate_update
-from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS
+from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos
 from heisd_ros.ros.standalone_args import ros_args
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
 from heisd_ros.ros.step import Job, StepRunner
-from heisd_ros.ros.transport import fastdds_reader_memory
 from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
+from heisd_ros.ros.task_control import TaskControl
+from heisd_ros.ros.transport import fastdds_reader_memory
 from heisd_ros.ros.watchdog import Watchdog
 from heisd_ros.ros.worker import InferenceWorker
 
 __all__ = ["EVENT_QOS", "LATCHED_QOS", "SENSOR_QOS", "PolicyNode", "load_decoder", "main"]
-
-
-def load_decoder(cfg: PolicyNodeConfig) -> Any:
-    """Build the HybridDecoder from the node's configuration (heisd_ros.policy.load_policy)."""
-    try:
-        from heisd_ros.policy import PolicyPaths, load_policy
-    except ImportError as err:
-        raise ModelLoadError(f"the policy loader is not available: {err}") from err
-    n = cfg.node
-    paths = PolicyPaths(model_dir=n.model_dir, drafter_dir=n.drafter_dir, db_path=n.db_path,
-                        calibration_path=n.calibration_path)  # fmt: skip
-    return load_policy(paths, cfg.decoder, cfg.store, torch_threads=n.torch_threads)
 
 
 def _sync_config(cfg: PolicyNodeConfig) -> SyncConfig:
@@ -74,12 +73,13 @@ def _sync_config(cfg: PolicyNodeConfig) -> SyncConfig:
     return SyncConfig(cfg.decoder.views, n.sync_slop_s, n.image_staleness_s, n.pose_staleness_s)
 
 
-class PolicyNode(Node):
+class PolicyNode(ManagedPolicy, LifecycleNode):
     """ROS 2 wrapper of the HybridDecoder (see the module docstring).
 
-    decoder_factory: PolicyNodeConfig -> decoder (reset/step/episode_feedback/health); the default
-    loads the configured model. Raises HeisdError (ConfigError, ModelLoadError, DatabaseError...)
-    when the node cannot start, with the reason.
+    decoder_factory: PolicyNodeConfig -> decoder (reset/step/episode_feedback/health), called at
+    configure; the default loads the configured model (`lifecycle.load_decoder`). Raises ConfigError
+    for invalid parameters and, with autostart, the configure failure (ModelLoadError,
+    DatabaseError...), with the reason.
     """
 
     def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Any] | None = None,
@@ -92,55 +92,78 @@ class PolicyNode(Node):
         try:
             self._values = declare_all(self)
             self.cfg = build_config(self._values)
-            self._decoder = (decoder_factory or load_decoder)(self.cfg)
-            self._setup()
+            self._decoder_factory = decoder_factory or load_decoder
+            self._inputs_lock = threading.Lock()
+            self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
+            self._task = TaskControl(self, lambda: self.cfg.node, self._now_s, self._set_command_enabled)
+            self.add_on_set_parameters_callback(self._on_set_parameters)
+            self._warn_store_timeout()
+            if self.cfg.node.autostart:
+                self.start()
             started = True
         finally:
             if not started:
                 self.destroy_node()
-
-    # ------------------------------------------------------------------ setup / teardown
-    def _setup(self) -> None:
         n = self.cfg.node
-        # the inputs: synchroniser, newest finger gap and instruction, shared with the control timer
-        self._inputs_lock = threading.Lock()
-        self._sync = ApproxTimeSync(_sync_config(self.cfg))
-        self._gap: tuple[float, float] | None = None  # (header stamp s, finger gap m) of the newest joint_states
-        self._instruction: str | None = None
-        self._instruction_refused: str | None = None  # why the newest instruction was refused
-        self._reads_gap = bool(getattr(self._decoder, "reads_finger_gap", False))
-        self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
-        self._subscribe()
+        self.get_logger().info(
+            f"policy node ready: method={self.cfg.decoder.method} views={list(self.cfg.decoder.views)} "
+            f"rate={n.control_rate_hz} Hz model={n.model_dir!r} "
+            + (self._task.commanding if n.autostart else "unconfigured (autostart false): waiting for configure")
+        )
+
+    # ------------------------------------------------------------------ configure's resources
+    def _open_session(self, decoder: Any) -> None:
+        """Everything configure creates around the loaded decoder."""
+        n = self.cfg.node
+        self._decoder = decoder
+        with self._inputs_lock:
+            self._sync = ApproxTimeSync(_sync_config(self.cfg))
+            self._gap: tuple[float, float] | None = None  # (header stamp s, finger gap m) of the newest joint_states
+        self._reads_gap = bool(getattr(decoder, "reads_finger_gap", False))
         self._watchdog = Watchdog()
+        before = list(self.publishers)
         self._outputs = CommandOutputs(self, n)
         self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", EVENT_QOS)
+        self._session_publishers = [p for p in self.publishers if all(p is not b for b in before)]
+        self._session_subscriptions = self._subscribe()
         self._runner = StepRunner(
-            self._decoder, config=lambda: self.cfg, clock_s=self._now_s,
+            decoder, config=lambda: self.cfg, clock_s=self._now_s,
             finger_gap=self._finger_gap_for if self._reads_gap else None, watchdog=self._watchdog,
-            outputs=self._outputs, status=self._status, logger=self._guarded_log,
+            outputs=self._outputs, gate=self._task, status=self._status, logger=self._guarded_log,
         )  # fmt: skip
         self._worker = InferenceWorker(self._runner, self._status, lambda: self.cfg.node.diagnostics_period_s)
         self._worker.start()
-        self._timer = self.create_timer(n.control_period_s, self._on_tick)
         self._diag_timer = self.create_timer(n.diagnostics_period_s, self._publish_diagnostics)
-        self.add_on_set_parameters_callback(self._on_set_parameters)
-        self._warn_store_timeout()
-        self.get_logger().info(
-            f"policy node ready: method={self.cfg.decoder.method} views={list(self.cfg.decoder.views)} "
-            f"rate={n.control_rate_hz} Hz model={n.model_dir!r} dry_run={n.dry_run}"
-        )
 
-    def _subscribe(self) -> None:
+    def _subscribe(self) -> list:
         n = self.cfg.node
         image_type = CompressedImage if n.compressed_images else Image
-        for view, topic in zip(self.cfg.decoder.views, n.image_topics):
-            self.create_subscription(image_type, topic, functools.partial(self._on_image, view), SENSOR_QOS)
-        self.create_subscription(PoseStamped, n.pose_topic, self._on_pose, SENSOR_QOS)
+        subs = [self.create_subscription(image_type, topic, functools.partial(self._on_image, view), SENSOR_QOS)
+                for view, topic in zip(self.cfg.decoder.views, n.image_topics)]  # fmt: skip
+        subs.append(self.create_subscription(PoseStamped, n.pose_topic, self._on_pose, SENSOR_QOS))
         if self._reads_gap:
-            self.create_subscription(JointState, n.joint_states_topic, self._on_joint_states, SENSOR_QOS)
+            subs.append(self.create_subscription(JointState, n.joint_states_topic, self._on_joint_states, SENSOR_QOS))
+        # Before the instruction: the executor serves ready subscriptions in creation order, so an
+        # episode result and the next episode's instruction taken together end the old episode first.
+        subs.append(self.create_subscription(Bool, n.episode_result_topic, self._on_episode_result, EVENT_QOS))
         # raw: rclpy's conversion would cut the text at a NUL; the node reads and checks the bytes itself
-        self.create_subscription(String, n.instruction_topic, self._on_instruction, LATCHED_QOS, raw=True)
-        self.create_subscription(Bool, n.episode_result_topic, self._on_episode_result, EVENT_QOS)
+        subs.append(self.create_subscription(String, n.instruction_topic, self._on_instruction,
+                                             instruction_qos(n.instruction_durability), raw=True))  # fmt: skip
+        return subs
+
+    def _close_session(self) -> None:
+        """Release what `_open_session` created (any part of it); the decoder's database is closed."""
+        timer = self.__dict__.pop("_diag_timer", None)
+        if timer is not None:
+            self.destroy_timer(timer)
+        for sub in self.__dict__.pop("_session_subscriptions", []):
+            self.destroy_subscription(sub)
+        self.close()
+        self._close_decoder()
+        for pub in self.__dict__.pop("_session_publishers", []):
+            self.destroy_publisher(pub)
+        for name in ("_outputs", "_worker", "_runner", "_pub_diag"):
+            self.__dict__.pop(name, None)
 
     def _warn_store_timeout(self) -> None:
         n, store = self.cfg.node, self.cfg.store
@@ -160,25 +183,40 @@ class PolicyNode(Node):
         if worker is not None:
             worker.stop(timeout_s)
 
+    def stop_commanding(self, reason: str) -> None:
+        """Close the command gate and end the episode (a running goal is aborted with `reason`)."""
+        self._task.deactivate(reason)
+
     def destroy_node(self) -> None:
-        self.close()
-        self._close_decoder()
+        task = self.__dict__.get("_task")
+        if task is not None:
+            task.close()
+        self._stop_control_timer()
+        self._close_session()
         logging.getLogger("heisd_ros").removeHandler(self._log_bridge)
         super().destroy_node()
 
     def _close_decoder(self) -> None:
-        """Release the decoder's resources (the embedded database holds a file lock)."""
-        decoder = self.__dict__.pop("_decoder", None)
+        """Release the decoder's resources once no worker can use it (the embedded database holds a
+        file lock)."""
         worker = self.__dict__.get("_worker")
-        if decoder is None or (worker is not None and worker.alive):
+        if worker is not None and worker.alive:
             return
-        # HybridDecoder.close() when it has one; otherwise close its (public) store
-        close = getattr(decoder, "close", None) or getattr(getattr(decoder, "store", None), "close", None)
-        if close is not None:
-            try:
-                close()
-            except HeisdError as err:
-                self.get_logger().warning(f"closing the decoder: {err}")
+        decoder = self.__dict__.pop("_decoder", None)
+        if decoder is not None:
+            close_decoder(decoder, self.get_logger())
+
+    # ------------------------------------------------------------------ state
+    @property
+    def instruction(self) -> str | None:
+        """The running episode's instruction; None while idle."""
+        running = self._task.current()
+        return running[1] if running is not None else None
+
+    @property
+    def idle_reason(self) -> str:
+        """Why no episode runs (the last one's end, a refused instruction, none received yet)."""
+        return self._task.idle_reason
 
     # ------------------------------------------------------------------ executor callbacks
     def _now_s(self) -> float:
@@ -225,29 +263,32 @@ class PolicyNode(Node):
         try:
             text = check_instruction(conv.string_from_cdr(raw, limits.max_instruction_bytes), limits)
         except InvalidObservationError as err:
-            # The user asked for something other than the running task: stop commanding it (docs/node.md).
-            with self._inputs_lock:
-                self._instruction, self._instruction_refused = None, str(err)
+            self._task.on_instruction_refused(str(err))
             self._status.report("instruction", WARN, f"instruction refused, no commands until a valid one: {err}")
             return
-        with self._inputs_lock:
-            if text != self._instruction:
-                self.get_logger().info(f"instruction: {quote(text)}" if text else "instruction cleared")
-            self._instruction, self._instruction_refused = text or None, None
+        self._task.on_instruction(text)
 
     def _on_episode_result(self, msg: Bool) -> None:
-        self._worker.episode_result(bool(msg.data))
+        success = bool(msg.data)
+        self._task.on_episode_result(success)
+        worker = self.__dict__.get("_worker")  # None once cleanup has begun
+        if worker is not None:
+            worker.episode_result(success)  # the decoder learns from every outcome
 
-    def _revive_worker(self) -> None:
+    def _revive_worker(self, worker: InferenceWorker) -> None:
         """Start a new inference thread if the running one died (a bug no step contained)."""
-        cause = self._worker.revive()
+        cause = worker.revive()
         if cause is not None:
             self._status.report("worker", ERROR, f"inference thread died ({cause}); started a new one")
 
     def _on_tick(self) -> None:
-        self._revive_worker()
+        worker = self.__dict__.get("_worker")  # None once cleanup has begun (from another thread)
+        if worker is None:
+            return
+        self._task.tick()
+        self._revive_worker(worker)
         now = self._now_s()
-        running_s = self._worker.running_s()
+        running_s = worker.running_s()
         if running_s is not None:
             self._status.dropped_tick()
             n = self.cfg.node
@@ -259,10 +300,11 @@ class PolicyNode(Node):
             return
         job = self._next_job(now)
         if job is not None:
-            self._worker.submit(job)
+            worker.submit(job)
 
     def _next_job(self, now: float) -> Job | None:
-        """The newest synchronised set with the instruction, consumed; None (reported) when there is none."""
+        """The newest synchronised set with the running episode, consumed; None (reported) when
+        there is none or no episode runs."""
         with self._inputs_lock:
             synced = self._sync.poll(now)
             events, self._sync.events = self._sync.events, []
@@ -271,14 +313,20 @@ class PolicyNode(Node):
             if synced is None:
                 if self._sync.problem:
                     self._status.problem("input", WARN, self._sync.reason)
+                elif not self._sync.heard:  # sources not up yet: shown, but not a rejected step
+                    self._status.report("input", WARN, self._sync.reason)
                 return None
-            if self._instruction is None:  # kept unconsumed: acted on if still fresh when one arrives
-                why = (f"instruction refused: {self._instruction_refused}" if self._instruction_refused
-                       else f"no instruction received yet on {self.cfg.node.instruction_topic!r}")  # fmt: skip
-                self._status.problem("no_instruction", WARN, why)
+            running = self._task.current()
+            if running is None:  # kept unconsumed: acted on if still fresh when an episode starts
+                self._status.problem("no_instruction", WARN, self._task.idle_reason)
                 return None
             self._sync.consume(synced)
-            return Job(synced, self._instruction, now)
+            return Job(synced, running[1], now, running[0])
+
+    def _set_command_enabled(self, enabled: bool) -> tuple[bool, str]:
+        """~/enable: set the command_enabled parameter, validated like any update."""
+        result = self.set_parameters([Parameter("command_enabled", value=enabled)])[0]
+        return result.successful, result.reason
 
     def _on_set_parameters(self, params: list) -> SetParametersResult:
         new_cfg, reason = validate_update(self._values, {p.name: p.value for p in params})
@@ -287,19 +335,26 @@ class PolicyNode(Node):
         self._values.update({p.name: p.value for p in params if p.name in self._values})
         self.cfg = new_cfg
         with self._inputs_lock:
-            self._sync.reconfigure(_sync_config(new_cfg))
+            sync = self.__dict__.get("_sync")
+            if sync is not None:
+                sync.reconfigure(_sync_config(new_cfg))
+        self._task.set_enabled(new_cfg.node.command_enabled)
         return SetParametersResult(successful=True)
 
     def _publish_diagnostics(self) -> None:
+        runner, worker, pub = (self.__dict__.get(k) for k in ("_runner", "_worker", "_pub_diag"))
+        if runner is None or worker is None or pub is None:  # cleanup has begun (from another thread)
+            return
         snap = self._status.snapshot(horizon_s(self.cfg))
         with self._inputs_lock:
-            instruction, clock_resets = self._instruction, self._sync.clock_resets
-        state = NodeState(instruction=instruction, watchdog_tripped=self._watchdog.tripped,
+            clock_resets = self._sync.clock_resets
+        state = NodeState(instruction=self.instruction, watchdog_tripped=self._watchdog.tripped,
                           watchdog_trips=self._watchdog.state.trips, clock_resets=clock_resets,
-                          health=self._runner.health, worker_restarts=self._worker.restarts)  # fmt: skip
+                          health=runner.health, worker_restarts=worker.restarts,
+                          commanding=self._task.commanding)  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
         msg.header.stamp = self.get_clock().now().to_msg()
-        self._pub_diag.publish(msg)
+        pub.publish(msg)
 
 
 def _on_stop_signals(handler: Callable[[int, Any], None]) -> None:
@@ -343,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         node.get_logger().info("shutting down")
+        node.stop_commanding("shutdown")
+        for _ in range(5):  # hand a running goal its result while the executor still runs
+            executor.spin_once(timeout_sec=0.02)
         node.close()
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()

@@ -1,5 +1,10 @@
-"""The policy node's per-step outputs: the command (ArmCommand, optionally TwistStamped + gripper
-Float64) and the step's DecodeStats.
+"""The policy node's per-step outputs, in two calls: `publish_command` (everything that moves the
+arm) and `publish_stats` (DecodeStats, published whether or not the node commands).
+
+The command: ArmCommand, the complete record, stamped like the inputs it was decoded from; the
+switched-on arm-stack outputs of `arm_outputs` (MoveIt Servo twist, pose target, gripper
+trajectory / positions), stamped at publication time, since the stacks that read them judge a
+command's age by its stamp.
 
 A step still in flight when the node shuts down publishes nothing: once the node closes its
 outputs, its context is shut down or the node is destroyed, publishing is skipped quietly instead
@@ -10,41 +15,67 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from geometry_msgs.msg import TwistStamped
+from geometry_msgs.msg import PoseStamped, TwistStamped
 from rclpy.exceptions import InvalidHandle
-from std_msgs.msg import Float64
+from std_msgs.msg import Float64MultiArray
 
+from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.types import StepStats
 from heisd_ros.ros import conversions as conv
+from heisd_ros.ros.arm_outputs import ArmMessages, arm_messages
 from heisd_ros.ros.params import NodeConfig
 from heisd_ros.ros.qos import EVENT_QOS
 
 
 class CommandOutputs:
-    """Publishers of one node's outputs; the twist and gripper topics exist only with publish_twist."""
+    """Publishers of one node's outputs; each optional topic exists only when its switch is on."""
 
     def __init__(self, node: Any, n: NodeConfig) -> None:
         from heisd_ros.msg import ArmCommand, DecodeStats
 
         self._context = node.context
+        self._clock = node.get_clock()
         self._closed = False
         self.command = node.create_publisher(ArmCommand, n.command_topic, EVENT_QOS)
         self.stats = node.create_publisher(DecodeStats, n.stats_topic, EVENT_QOS)
-        self.twist = self.gripper = None
-        if n.publish_twist:
-            self.twist = node.create_publisher(TwistStamped, n.twist_topic, EVENT_QOS)
-            self.gripper = node.create_publisher(Float64, n.gripper_topic, EVENT_QOS)
+        a = n.arm_outputs
+        self.servo_twist = self.pose_target = self.gripper_trajectory = self.gripper_positions = None
+        if a.publish_twist:
+            self.servo_twist = node.create_publisher(TwistStamped, a.twist_topic, EVENT_QOS)
+        if a.publish_pose_target:
+            self.pose_target = node.create_publisher(PoseStamped, a.pose_target_topic, EVENT_QOS)
+        if a.publish_gripper_trajectory:
+            try:  # only this output needs the package
+                from trajectory_msgs.msg import JointTrajectory
+            except ImportError as err:
+                raise ConfigError(f"arm_outputs.publish_gripper_trajectory needs trajectory_msgs: {err}") from err
+            self.gripper_trajectory = node.create_publisher(JointTrajectory, a.gripper_trajectory_topic, EVENT_QOS)
+        if a.publish_gripper_positions:
+            self.gripper_positions = node.create_publisher(Float64MultiArray, a.gripper_positions_topic, EVENT_QOS)
 
-    def publish(self, action: np.ndarray, stats: StepStats, stamp_s: float, step_id: int, n: NodeConfig) -> None:
-        """Publish a checked, clipped action stamped like its inputs; with dry_run only the stats.
-        Nothing is published once the node is shutting down."""
+    def publish_command(self, action: np.ndarray, stats: StepStats, stamp_s: float, step_id: int, pose: Any,
+                        n: NodeConfig) -> ArmMessages:  # fmt: skip
+        """Publish one step's command: a checked, clipped action [7] decoded from inputs stamped
+        `stamp_s`, with `pose` the end effector's PoseStamped it was decoded from (in
+        command_frame_id). Returns the arm-stack messages (their `note` says why the motion outputs
+        were left out, '' when they were not). Nothing is published once the node is shutting down."""
         frame = n.command_frame_id
-        if not n.dry_run:
-            self._send(self.command, conv.to_arm_command(action, stats, stamp_s, frame, step_id))
-            if self.twist is not None:
-                self._send(self.twist, conv.to_twist(action, stamp_s, frame, n.twist_linear_scale, n.twist_angular_scale))
-                self._send(self.gripper, conv.to_gripper(action))
-        self._send(self.stats, conv.to_decode_stats(stats, stamp_s, frame, step_id))
+        # Every message is built before any is sent: a step whose pose cannot be composed (it raises)
+        # sends nothing, rather than an ArmCommand without the arm outputs it records.
+        command = conv.to_arm_command(action, stats, stamp_s, frame, step_id)
+        now_s = self._clock.now().nanoseconds * 1e-9
+        msgs = arm_messages(action, pose, n.control_period_s, now_s, frame, n.arm_outputs)
+        self._send(self.command, command)
+        for publisher, msg in ((self.servo_twist, msgs.twist), (self.pose_target, msgs.pose_target),
+                               (self.gripper_trajectory, msgs.gripper_trajectory),
+                               (self.gripper_positions, msgs.gripper_positions)):  # fmt: skip
+            if publisher is not None and msg is not None:
+                self._send(publisher, msg)
+        return msgs
+
+    def publish_stats(self, stats: StepStats, stamp_s: float, step_id: int, n: NodeConfig) -> None:
+        """Publish a decoded step's DecodeStats, stamped like its inputs."""
+        self._send(self.stats, conv.to_decode_stats(stats, stamp_s, n.command_frame_id, step_id))
 
     def close(self) -> None:
         """Publish nothing from now on (the node is shutting down)."""

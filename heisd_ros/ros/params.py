@@ -9,7 +9,7 @@ Every field becomes one ROS parameter with a `ParameterDescriptor` whose descrip
 field's docstring. Values are read back into the dataclasses, so the dataclasses stay the only
 source of defaults and validation. Parameters that shape subscriptions, timers or the loaded
 model are read-only; the rest can be changed at run time and are re-validated on every change.
-`param_file` writes them out as config/policy.yaml (`python -m heisd_ros.ros.params model_dir:=tiny`).
+`param_file` writes them out as config/policy.yaml (`python -m heisd_ros.ros.params > config/policy.yaml`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,12 @@ from heisd_ros.core.config import DecoderConfig, StoreConfig, from_dict
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
+from heisd_ros.ros.arm_outputs import ARM_OUTPUTS_DYNAMIC, ArmOutputsConfig
 from heisd_ros.ros.input_limits import InputLimits
 from heisd_ros.core.config import require
+
+
+INSTRUCTION_DURABILITIES, AFTER_EPISODE = ("volatile", "transient_local"), ("stop", "continue")
 
 
 def _topic_ok(name: str) -> bool:
@@ -51,17 +55,18 @@ class NodeConfig:
     finger_joints: tuple[str, ...] = PANDA_FINGER_JOINTS
     """The two finger joint names in joint_states; gap = |q1| + |q2| (m)."""
     instruction_topic: str = "instruction"
-    """std_msgs/String task instruction (latched: reliable, transient-local); a change resets the episode."""
+    """std_msgs/String task instruction (reliable, durability `instruction_durability`); a new one starts
+    a new episode, an empty one ends the episode."""
+    instruction_durability: str = "volatile"
+    """QoS durability of the instruction subscription: 'volatile' (any publisher connects; a message
+    sent before the node subscribed is not received) or 'transient_local' (a latched message sent
+    earlier arrives too, but a volatile publisher, the rclpy/rclcpp default, is then incompatible)."""
     episode_result_topic: str = "episode_result"
     """std_msgs/Bool episode outcome (true = success), feedback for the verify-skip thresholds."""
     command_topic: str = "arm_command"
     """heisd_ros/ArmCommand output."""
     stats_topic: str = "decode_stats"
     """heisd_ros/DecodeStats output, one per decoded step."""
-    twist_topic: str = "cmd_twist"
-    """geometry_msgs/TwistStamped output (only with publish_twist)."""
-    gripper_topic: str = "gripper_command"
-    """std_msgs/Float64 gripper output, -1 open / +1 close (only with publish_twist)."""
     command_frame_id: str = "base_link"
     """frame_id written into the headers of the outputs."""
     control_rate_hz: float = 10.0
@@ -86,16 +91,24 @@ class NodeConfig:
     until watchdog_recovery_steps steps in a row decode within the budget."""
     watchdog_recovery_steps: int = 3
     """Consecutive steps within the watchdog budget that clear a tripped watchdog."""
-    dry_run: bool = False
-    """Decode and publish DecodeStats/diagnostics but no ArmCommand/Twist/gripper."""
-    publish_twist: bool = False
-    """Also publish TwistStamped + gripper Float64 (servo-style stacks such as MoveIt Servo)."""
-    twist_linear_scale: float = 1.0
-    """TwistStamped.linear = delta_position * this (e.g. control_rate_hz for metres/step -> m/s)."""
-    twist_angular_scale: float = 1.0
-    """TwistStamped.angular = delta_rotation * this."""
+    command_enabled: bool = False
+    """Publish the actuator outputs (ArmCommand and every arm-stack command). False, a dry run: the
+    node decodes and publishes DecodeStats and diagnostics but commands nothing. Switched at run time
+    by the ~/enable service (std_srvs/SetBool) or `ros2 param set`."""
+    autostart: bool = True
+    """Configure and activate at start-up. False: the node stays unconfigured until a lifecycle
+    manager or `ros2 lifecycle set <node> configure` / `activate` brings it up."""
+    warmup_steps: int = 4
+    """Steps decoded at configure on a synthetic observation (blank frames at the model's input size,
+    a pose moving in a straight line, a task of the database), after which the decoder is reset, so
+    the first real step costs what later ones do. 0 = no warm-up."""
+    after_episode: str = "stop"
+    """What follows the end of an episode (an episode_result, ~/reset): 'stop' commands nothing until
+    a new ~/run_task goal or instruction arrives; 'continue' starts a new episode with the same
+    instruction at once (for an episode the instruction topic started; a goal's always stops)."""
     model_dir: str = ""
-    """VLA checkpoint directory (offline); 'tiny' builds the random test model and an in-memory database."""
+    """Directory of the policy's checkpoint (required; read offline: the node never trains or
+    downloads a model)."""
     drafter_dir: str = ""
     """Drafter head directory ('' = none; drafter-based methods then fail at start-up)."""
     db_path: str = ""
@@ -116,6 +129,8 @@ class NodeConfig:
     """The same kind of warning is logged at most once per this period."""
     input_limits: InputLimits = field(default_factory=InputLimits)
     """Bounds on instructions, camera frames and poses, checked before any work (input_limits.*)."""
+    arm_outputs: ArmOutputsConfig = field(default_factory=ArmOutputsConfig)
+    """Outputs for standard arm stacks (MoveIt Servo twist, pose target, gripper), each off until switched on."""
 
     def __post_init__(self) -> None:
         require(len(self.image_topics) >= 1, "image_topics needs one topic per view")
@@ -124,8 +139,7 @@ class NodeConfig:
                  f"finger_joints needs two distinct joint names, got {list(self.finger_joints)}")  # fmt: skip
         topics = self.image_topics + (self.pose_topic, self.joint_states_topic, self.instruction_topic,
                                       self.episode_result_topic,
-                                      self.command_topic, self.stats_topic, self.twist_topic,
-                                      self.gripper_topic)  # fmt: skip
+                                      self.command_topic, self.stats_topic)  # fmt: skip
         for t in topics:
             require(_topic_ok(t), f"invalid topic name {t!r}")
         require(math.isfinite(self.control_rate_hz) and 0.0 < self.control_rate_hz <= 1000.0,
@@ -152,9 +166,11 @@ class NodeConfig:
         require(math.isfinite(self.watchdog_factor) and 1.0 <= self.watchdog_factor <= 100.0,
                  f"watchdog_factor must be in [1, 100], got {self.watchdog_factor}")  # fmt: skip
         require(1 <= self.watchdog_recovery_steps <= 1000, "watchdog_recovery_steps must be in [1, 1000]")
-        require(math.isfinite(self.twist_linear_scale) and math.isfinite(self.twist_angular_scale),
-                 "twist scales must be finite")  # fmt: skip
-        require(bool(self.model_dir), "model_dir is required ('tiny' builds the random test model)")
+        require(bool(self.model_dir), "model_dir is required: the policy's checkpoint directory (-p model_dir:=DIR)")
+        for name, choices in (("instruction_durability", INSTRUCTION_DURABILITIES), ("after_episode", AFTER_EPISODE)):
+            require(getattr(self, name) in choices, f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}")
+        require(type(self.warmup_steps) is int and 0 <= self.warmup_steps <= 100,
+                 f"warmup_steps must be an integer in [0, 100], got {self.warmup_steps!r}")  # fmt: skip
         require(0.0 < self.quat_norm_tol < 1.0, "quat_norm_tol must be in (0, 1)")
         require(type(self.torch_threads) is int and 1 <= self.torch_threads <= 1024,
                  f"torch_threads must be an integer in [1, 1024], got {self.torch_threads!r}")  # fmt: skip
@@ -179,9 +195,10 @@ class NodeConfig:
 NODE_DYNAMIC = frozenset({
     "command_frame_id", "image_staleness_s", "pose_staleness_s", "sync_slop_s", "expected_image_height",
     "expected_image_width", "max_abs_action", "action_limits", "watchdog_factor", "watchdog_recovery_steps",
-    "dry_run", "twist_linear_scale", "twist_angular_scale",
+    "command_enabled", "after_episode",
     "quat_norm_tol", "warn_throttle_s",
-}) | {f"input_limits.{f.name}" for f in dataclasses.fields(InputLimits)}  # fmt: skip
+}) | {f"input_limits.{f.name}" for f in dataclasses.fields(InputLimits)} | {
+    f"arm_outputs.{name}" for name in ARM_OUTPUTS_DYNAMIC}  # fmt: skip
 """Node parameters that may change at run time; every other parameter is read-only."""
 
 GROUPS: tuple[tuple[str, type], ...] = (("", NodeConfig), ("decoder.", DecoderConfig), ("store.", StoreConfig))
@@ -208,7 +225,7 @@ class PolicyNodeConfig:
         """The database config, or None when no database is configured.
 
         `store.path` falls back to the node's `db_path`; with neither (and no `store.url`) the
-        node runs without an external database (the tiny model brings its own in memory).
+        node runs without a database (methods that retrieve then fail at configure).
         """
         fields = dict(self.store_fields)
         if not fields.get("path"):

@@ -28,8 +28,10 @@ from heisd_ros.ros.bag_stream import (
 OUTPUT_TYPES = {
     "arm_command": bags.ARM_COMMAND,
     "decode_stats": bags.DECODE_STATS,
-    "cmd_twist": "geometry_msgs/msg/TwistStamped",
-    "gripper_command": "std_msgs/msg/Float64",
+    "delta_twist_cmds": "geometry_msgs/msg/TwistStamped",
+    "target_pose": "geometry_msgs/msg/PoseStamped",
+    "gripper_trajectory": "trajectory_msgs/msg/JointTrajectory",
+    "gripper_positions": "std_msgs/msg/Float64MultiArray",
     "/diagnostics": "diagnostic_msgs/msg/DiagnosticArray",
 }
 """Default output topics of the node and their types."""

@@ -9,6 +9,18 @@ SENSOR_QOS = QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST, reliability=Re
 """Images, pose and joint states: best effort, depth 1 (always act on the newest frame)."""
 LATCHED_QOS = QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.TRANSIENT_LOCAL)  # fmt: skip
-"""Instruction: a latched message published before the node started still arrives."""
+"""A latched publisher: its last message also reaches subscribers that join later (when they ask for
+transient-local durability); it connects to volatile subscribers as well."""
 EVENT_QOS = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 """Outputs and episode results: reliable, every message matters to a recorder."""
+
+_DURABILITY = {"volatile": DurabilityPolicy.VOLATILE, "transient_local": DurabilityPolicy.TRANSIENT_LOCAL}
+
+
+def instruction_qos(durability: str) -> QoSProfile:
+    """The instruction subscription: reliable, the newest message only, with the configured
+    durability (NodeConfig.instruction_durability). Volatile connects to every publisher; a
+    transient-local subscription also receives a latched message sent before it existed, but no
+    volatile publisher's."""
+    return QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=_DURABILITY[durability])  # fmt: skip

@@ -91,8 +91,13 @@ def output_topics(cfg: PolicyNodeConfig, node_name: str, namespace: str) -> dict
     n = cfg.node
     named = {n.command_topic: OUTPUT_TYPES["arm_command"], n.stats_topic: OUTPUT_TYPES["decode_stats"],
              "/diagnostics": OUTPUT_TYPES["/diagnostics"]}  # fmt: skip
-    if n.publish_twist:
-        named.update({n.twist_topic: OUTPUT_TYPES["cmd_twist"], n.gripper_topic: OUTPUT_TYPES["gripper_command"]})
+    a = n.arm_outputs  # the arm-stack outputs that are switched on
+    for on, topic, default in ((a.publish_twist, a.twist_topic, "delta_twist_cmds"),
+                               (a.publish_pose_target, a.pose_target_topic, "target_pose"),
+                               (a.publish_gripper_trajectory, a.gripper_trajectory_topic, "gripper_trajectory"),
+                               (a.publish_gripper_positions, a.gripper_positions_topic, "gripper_positions")):
+        if on:
+            named[topic] = OUTPUT_TYPES[default]
     return {resolve(t, node_name, namespace): ty for t, ty in named.items()}
 
 

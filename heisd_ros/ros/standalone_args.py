@@ -1,6 +1,6 @@
 """Command line of the standalone `policy_node` (venv, no `ros2 run`), translated to ROS arguments.
 
-    policy_node --params-file config/policy.yaml -p dry_run:=true [--log-level debug]
+    policy_node --params-file config/policy.yaml -p model_dir:=/path/to/checkpoint [--log-level debug]
                 [--ros-args -r __ns:=/arm ...]
 
 `--params-file`, `-p NAME:=VALUE` and `--log-level` become one `--ros-args` section; sections the

@@ -6,13 +6,17 @@ input beyond the node's limits (`input_limits`: checked first, cheapest first, b
 decoded), undecodable or implausible input, an unknown task, a database or decoder fault, an
 overrunning inference (watchdog), a result that went stale while decoding, or an action beyond
 `action_limits`. A valid action is clipped to `max_abs_action` before it is published.
+
+Every decoded step publishes its DecodeStats; its command (every actuator output) goes out only
+through the node's one gate (`Gate.hold`: node active, command_enabled, the step's episode still
+running).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Protocol
 
 import numpy as np
 
@@ -31,11 +35,24 @@ from heisd_ros.ros.watchdog import Watchdog
 
 @dataclass
 class Job:
-    """A control tick's work: the newest synchronised set and the instruction it is decoded with."""
+    """A control tick's work: the newest synchronised set, the instruction it is decoded with and
+    the episode it belongs to."""
 
     synced: SyncedSet
     instruction: str
     tick_s: float
+    episode: int = 0
+    """The episode's number (task_control.Episode): a new number resets the decoder."""
+
+
+class Gate(Protocol):
+    """Where commands are allowed (task_control.TaskControl)."""
+
+    def hold(self, episode: int) -> ContextManager[bool]:
+        """Whether a step of `episode` may publish its command; publish inside the block."""
+
+    def stepped(self, episode: int, stats: StepStats, latency_s: float, commanded: bool) -> None:
+        """A step of `episode` was decoded and its outputs published."""
 
 
 def output_problem(action: np.ndarray, age_s: float, n: NodeConfig) -> tuple[str, int, str] | None:
@@ -58,21 +75,22 @@ def output_problem(action: np.ndarray, age_s: float, n: NodeConfig) -> tuple[str
 
 
 class StepRunner:
-    """Drives the decoder: episodes (reset on a new instruction or after an episode result), steps
-    and the periodic health check. Called only from the inference thread.
+    """Drives the decoder: episodes (reset when a job of a new episode arrives), steps and the
+    periodic health check. Called only from the inference thread.
 
     config: the node's current configuration (it may change between steps); clock_s: node time, s;
-    finger_gap: stamp -> (gap, '') or (None, why not), None when the model does not read the gap.
+    finger_gap: stamp -> (gap, '') or (None, why not), None when the model does not read the gap;
+    gate: where commands are allowed.
     """
 
     def __init__(self, decoder: Any, *, config: Callable[[], PolicyNodeConfig], clock_s: Callable[[], float],
                  finger_gap: Callable[[float], tuple[float | None, str]] | None, watchdog: Watchdog,
-                 outputs: CommandOutputs, status: NodeStatus, logger: Any) -> None:  # fmt: skip
+                 outputs: CommandOutputs, gate: Gate, status: NodeStatus, logger: Any) -> None:  # fmt: skip
         self._decoder = decoder
         self._config, self._clock_s, self._finger_gap = config, clock_s, finger_gap
-        self._watchdog, self._outputs, self._status, self._logger = watchdog, outputs, status, logger
-        self._episode_instruction: str | None = None  # what the decoder was last reset with
-        self._needs_reset = True
+        self._watchdog, self._outputs, self._gate = watchdog, outputs, gate
+        self._status, self._logger = status, logger
+        self._episode: int | None = None  # the episode the decoder was last reset for
         self._step_id = 0
         self.health = (True, "not checked yet")
         """(database healthy, status text) of the last health check."""
@@ -84,10 +102,8 @@ class StepRunner:
         self._trims_due = 0  # ordinary steps that still hand freed memory back after large inputs
 
     def episode_result(self, success: bool) -> None:
-        """Hand an episode's outcome to the decoder; the next step starts a new episode."""
+        """Hand an episode's outcome to the decoder (the verify-skip thresholds learn from it)."""
         self._decoder.episode_feedback(success)
-        self._needs_reset = True
-        self._logger.info(f"episode result: {'success' if success else 'failure'}")
 
     def refresh_health(self, period_s: float) -> None:
         """Ask the decoder for its health when the last check is `period_s` old (or was invalidated)."""
@@ -106,10 +122,10 @@ class StepRunner:
         refused = self._instruction_refusal(job.instruction, n)
         if refused:
             return self._status.problem("instruction", WARN, f"instruction refused: {refused}")
-        if self._needs_reset or job.instruction != self._episode_instruction:
+        if job.episode != self._episode:
             self._decoder.reset(job.instruction)
             self._pose_gate.reset()
-            self._episode_instruction, self._needs_reset, self._step_id = job.instruction, False, 0
+            self._episode, self._step_id = job.episode, 0
         started = time.monotonic()
         try:
             decoded = self._decode(job, n)
@@ -172,7 +188,7 @@ class StepRunner:
             if gap is None:
                 return self._status.problem("invalid_input", WARN, f"invalid input: {why}")
         try:
-            ee_pos = conv.pose_to_position(job.synced.pose.data, n.quat_norm_tol)
+            ee_pos = conv.pose_to_position(job.synced.pose.data, n.quat_norm_tol, n.command_frame_id)
             self._pose_gate.check(job.synced.pose.stamp_s, ee_pos, n.input_limits)
             obs = Observation(images=self._images(job, n), instruction=job.instruction, ee_pos=ee_pos,
                               task=n.task or None, stamp_s=job.synced.stamp_s, gripper_gap=gap)  # fmt: skip
@@ -203,7 +219,20 @@ class StepRunner:
     def _publish(self, job: Job, action: np.ndarray, stats: StepStats, n: NodeConfig) -> None:
         clipped = conv.clip_action(action, n.max_abs_action)
         self._step_id += 1
-        self._outputs.publish(clipped, stats, job.synced.stamp_s, self._step_id, n)
-        latency_s = self._clock_s() - job.synced.image_stamp_s
-        self._status.published(latency_s, float(stats.latency_ms.get("total", 0.0)), stats.mode,
-                               clipped=not np.array_equal(clipped, action))  # fmt: skip
+        limited, sent, commanding = False, None, False
+        latency_s = float("nan")
+        try:
+            with self._gate.hold(job.episode) as commanding:  # the one gate of every actuator output
+                if commanding:
+                    sent = self._outputs.publish_command(clipped, stats, job.synced.stamp_s, self._step_id,
+                                                         job.synced.pose.data, n)  # fmt: skip
+            if sent is not None:
+                if sent.note:
+                    self._status.report("workspace", WARN, sent.note)
+                limited = sent.clipped
+            self._outputs.publish_stats(stats, job.synced.stamp_s, self._step_id, n)
+            latency_s = self._clock_s() - job.synced.image_stamp_s
+            self._status.published(latency_s, float(stats.latency_ms.get("total", 0.0)), stats.mode,
+                                   clipped=limited or not np.array_equal(clipped, action))  # fmt: skip
+        finally:  # a decoded step counts towards its goal's step limit even when publishing failed
+            self._gate.stepped(job.episode, stats, latency_s, commanding and sent is not None)

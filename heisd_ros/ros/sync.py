@@ -34,6 +34,7 @@ T = TypeVar("T")
 # Reasons why no set is available. Problems are worth a warning; IDLE is the normal state
 # between two frames.
 IDLE = "no new frames since the last step"
+NOTHING_HEARD = "no frame or pose received yet"
 CLOCK_JUMP_TOLERANCE_S = 1e-3
 """A `now_s` further back than this from the previous poll is a clock jump."""
 
@@ -99,8 +100,11 @@ class ApproxTimeSync:
         self._frames: dict[str, Stamped[Any]] = {}
         self._pose: Stamped[Any] | None = None
         self._consumed: dict[str, float] = {}
-        self.reason: str = "no frames received yet"
+        self.reason: str = NOTHING_HEARD
         self.problem = False
+        self.heard = False
+        """Whether any frame or pose was ever offered (since construction or `clear`): before that the
+        node is waiting for its sources to come up, which is not a rejected step."""
         self.dropped_out_of_order = 0
         self.clock_resets = 0
         self.events: list[str] = []
@@ -125,6 +129,7 @@ class ApproxTimeSync:
                 return False
             self._restart(f"stamps of view {view!r} jumped back {back:.3f} s", view)
         self._frames[view] = Stamped(float(stamp_s), data)
+        self.heard = True
         return True
 
     def add_pose(self, stamp_s: float, data: Any) -> bool:
@@ -136,6 +141,7 @@ class ApproxTimeSync:
                 return False
             self._restart(f"pose stamps jumped back {back:.3f} s", None)
         self._pose = Stamped(float(stamp_s), data)
+        self.heard = True
         return True
 
     def _restart(self, why: str, view: str | None) -> None:
@@ -163,7 +169,8 @@ class ApproxTimeSync:
         self._pose = None
         self._consumed.clear()
         self._last_now = None
-        self.reason, self.problem = "no frames received yet", False
+        self.heard = False
+        self.reason, self.problem = NOTHING_HEARD, False
 
     def poll(self, now_s: float) -> SyncedSet | None:
         """The newest unused synchronised set, or None.
@@ -176,6 +183,8 @@ class ApproxTimeSync:
         if self._last_now is not None and now_s < self._last_now - CLOCK_JUMP_TOLERANCE_S:
             self._clock_went_back(now_s, self._last_now - now_s)
         self._last_now = now_s
+        if not self.heard:
+            return self._none(NOTHING_HEARD, problem=False)
         missing = [v for v in cfg.views if v not in self._frames]
         if missing:
             return self._none(f"missing view(s) {missing}: no frame received", problem=True)

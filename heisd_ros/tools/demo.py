@@ -216,7 +216,11 @@ def run(cfg: DemoConfig, say=print) -> dict:
         from heisd_ros.policy import DEFAULT_TINY_DIR
 
         say(f"[1/3] tiny policy (trained once, cached in {DEFAULT_TINY_DIR})")
-        build_tiny_artifacts(DEFAULT_TINY_DIR, progress=lambda m: say(f"      {m}"))
+        root = build_tiny_artifacts(DEFAULT_TINY_DIR, progress=lambda m: say(f"      {m}"))
+        # the node loads only the directories it is given: name each one
+        cfg = dataclasses.replace(cfg, model_dir=str(root / "model"), drafter_dir=cfg.drafter_dir or str(root / "drafter"),
+                                  db_path=cfg.db_path or str(root / "db"),
+                                  calibration_path=cfg.calibration_path or str(root / "calibration.json"))  # fmt: skip
     else:
         say(f"[1/3] policy from {cfg.model_dir}")
         if cfg.db_path and cfg.db_path.startswith(str(PUBLISHED_DB)):

@@ -283,6 +283,8 @@ def _start_policy(session: _Session, method: str, decoder_factory: Callable | No
         overrides.append(Parameter("use_sim_time", value=True))
     if method:
         overrides.append(Parameter("decoder.method", value=method))
+    if "command_enabled" not in names:  # a replay records the commands: the node must send them
+        overrides.append(Parameter("command_enabled", value=True))
     if session.warmup is None:
         session.warmup = target.first_steps(session.bag, session.plan, cfg.slop_s, cfg.warmup_steps)
     factory = target.warmed(decoder_factory or load_decoder, session.warmup,
@@ -313,7 +315,7 @@ def _connect(session: _Session, outputs: dict[str, str], prefix: str) -> None:
     cfg, player, recorder = session.cfg, session.player, session.recorder
     for topic, msgtype in outputs.items():
         recorder.record(topic, msgtype, prefix + topic)
-    required = set(session.plan.views) | {"pose"}
+    required = set(session.plan.views) | {"pose", "instruction"}  # a volatile subscriber misses earlier messages
     missing = player.wait_for_subscribers(cfg.connect_timeout_s, required)
     if missing:
         raise _not_found(session, f"no subscriber on {missing}")

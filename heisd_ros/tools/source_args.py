@@ -53,7 +53,8 @@ def add_source_arguments(p: argparse.ArgumentParser, skip: tuple[str, ...] = ())
     src.add_argument("--finger-joints", type=_names, default=d.finger_joints, metavar="J1,J2",
                      help="the two finger joints of the 'fingers' JointState topic (default: the Panda's)")
     src.add_argument("--twist-linear-scale", type=float, default=d.twist_linear_scale, metavar="S",
-                     help="a TwistStamped action's linear = delta position * this (the node's twist_linear_scale)")
+                     help="a TwistStamped action's linear = delta position * this (a velocity held for one step: the "
+                          "recording rate in Hz, as the node's Servo twist with position_unit_m 1)")
     src.add_argument("--twist-angular-scale", type=float, default=d.twist_angular_scale, metavar="S",
                      help="a TwistStamped action's angular = delta rotation * this")
     src.add_argument("--gripper-open-positive", action="store_true",

@@ -74,7 +74,7 @@ def bag_play(bag, sim_time: bool) -> tuple[list, list[int]]:
     rclpy.init(context=play_ctx, domain_id=DOMAIN_ID)
     node = PolicyNode(Decoder, context=node_ctx, cli_args=REMAPS, parameter_overrides=[
         Parameter("model_dir", value="fake"), Parameter("control_rate_hz", value=100.0),
-        Parameter("use_sim_time", value=sim_time)])  # fmt: skip
+        Parameter("use_sim_time", value=sim_time), Parameter("command_enabled", value=True)])  # fmt: skip
     player_node = rclpy.create_node("rosbag2_player", context=play_ctx)
     commands: list = []
     player_node.create_subscription(msg_mod.ArmCommand, "/arm_command", commands.append, 100)
@@ -87,7 +87,7 @@ def bag_play(bag, sim_time: bool) -> tuple[list, list[int]]:
     run = MethodRun("node")
     try:
         player = Player(player_node, plan, PlayConfig(restamp=False, clock=True))
-        assert player.wait_for_subscribers(10.0, ["agentview", "wrist", "pose"]) == []
+        assert player.wait_for_subscribers(10.0, ["agentview", "wrist", "pose", "instruction"]) == []
         player.play(stream_segments(bag, plan, 0.05), run, lambda stamp: True)
         player.settle(0.5)
         time.sleep(0.2)

@@ -201,6 +201,15 @@ def test_bad_poses(field, value, words):
         conv.pose_to_position(msg)
 
 
+def test_pose_in_another_frame_is_refused():
+    msg = conv.position_to_pose((0.1, 0.2, 0.3), 1.0, "world")
+    with pytest.raises(InvalidObservationError, match="frame 'world', but commands are in command_frame_id 'base_link'"):
+        conv.pose_to_position(msg, frame_id="base_link")
+    np.testing.assert_array_equal(conv.pose_to_position(msg, frame_id="/world"), [0.1, 0.2, 0.3])  # tf2 drops the '/'
+    np.testing.assert_array_equal(conv.pose_to_position(msg), [0.1, 0.2, 0.3])  # no frame given: not checked
+    np.testing.assert_array_equal(conv.pose_to_position(msg.pose, frame_id="base_link"), [0.1, 0.2, 0.3])  # a Pose has none
+
+
 def test_zero_quaternion_is_invalid():
     msg = PoseStamped()
     msg.pose.orientation.w = 0.0  # all-zero quaternion: a publisher that never filled it
@@ -223,14 +232,6 @@ def test_action_checks_and_clipping():
         conv.check_action(np.array([0, 0, 0, 0, 0, np.nan, 1.0]))
     out = conv.clip_action(np.array([2.0, -2.0, 0.5, 0, 0, 0, 1.0]), [1.0] * 6 + [1.0])
     assert out.tolist() == [1.0, -1.0, 0.5, 0, 0, 0, 1.0]
-
-
-def test_twist_and_gripper():
-    a = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, -1.0])
-    tw = conv.to_twist(a, 3.25, "tool0", linear_scale=10.0, angular_scale=2.0)
-    assert tw.header.frame_id == "tool0" and conv.stamp_to_s(tw.header.stamp) == pytest.approx(3.25)
-    assert tw.twist.linear.z == pytest.approx(3.0) and tw.twist.angular.x == pytest.approx(0.8)
-    assert conv.to_gripper(a).data == -1.0
 
 
 def test_arm_command_and_stats():

@@ -91,7 +91,8 @@ class Rig:
     def start(self, model_dir, compressed: bool = False, **params) -> PolicyNode:
         overrides = {"model_dir": str(model_dir), "decoder.method": "ar", "control_rate_hz": 20.0,
                      "diagnostics_period_s": 0.2, "warn_throttle_s": 0.0, "image_staleness_s": 1.0,
-                     "pose_staleness_s": 1.0, "watchdog_factor": 40.0, "compressed_images": compressed, **params}
+                     "pose_staleness_s": 1.0, "watchdog_factor": 40.0, "compressed_images": compressed,
+                     "command_enabled": True, **params}
         if compressed:
             overrides["image_topics"] = list(COMPRESSED_TOPICS)
         self.compressed = compressed
@@ -115,8 +116,8 @@ class Rig:
         # as serialised bytes: rclpy would cut a Python string at a NUL before sending it
         self.pub_instr.publish(_cdr_string(text))
         expected = text.strip() if len(text) < 1024 and "\x00" not in text else None
-        self.wait(lambda: self.policy._instruction == expected and
-                  (expected is not None or self.policy._instruction_refused), 2.0)  # fmt: skip
+        self.wait(lambda: self.policy.instruction == expected and
+                  (expected is not None or self.policy.idle_reason.startswith("instruction refused")), 2.0)  # fmt: skip
 
     def frame(self, view: str, t: float, size=(64, 64)):
         if self.compressed:

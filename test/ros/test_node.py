@@ -18,20 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import rclpy
-from diagnostic_msgs.msg import DiagnosticArray
-from geometry_msgs.msg import PoseStamped, TwistStamped
-from rcl_interfaces.msg import Log
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.node import Node
 from rclpy.parameter import Parameter
-from sensor_msgs.msg import Image
-from std_msgs.msg import Bool, Float64, String
+from std_msgs.msg import Bool, String
 
-from heisd_ros.core.errors import ConfigError, DatabaseUnavailableError, ModelLoadError, UnknownTaskError
-from heisd_ros.core.types import StepStats
+from heisd_ros.core.errors import (
+    ConfigError,
+    ModelLoadError,
+)
 from heisd_ros.ros import conversions as conv
-from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode
+from heisd_ros.ros.node import PolicyNode
 from heisd_ros.ros.standalone_args import ros_args
 
 msg_mod = pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
@@ -39,160 +34,12 @@ ArmCommand, DecodeStats = msg_mod.ArmCommand, msg_mod.DecodeStats
 
 DOMAIN_ID = 61
 REPO = Path(__file__).resolve().parents[2]
-VIEWS = ("agentview", "wrist")
-SIZE = (8, 8)
-# Data-age limit of the test nodes: wide enough that a 2-core CI machine stalling the executor for a
-# few hundred ms does not turn a fresh set stale (a CI failure at 0.3 s), still far below the sleeps
-# of the staleness cases.
-STALENESS_S = 0.6
-
-
-class FakeDecoder:
-    """Scripted decoder: action = [ee_pos, 0.1, 0.2, 0.3, gripper]; failure switches for tests."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
-        self.resets: list[str] = []
-        self.feedback: list[bool] = []
-        self.steps = 0
-        self.db_down = False
-        self.big_action = False
-        self.huge_action = False  # beyond action_limits
-        self.nan_action = False
-        self.fallback = ""
-
-    def reset(self, instruction):
-        self.resets.append(instruction)
-
-    def step(self, obs):
-        if obs.task_key == "an unknown task":
-            raise UnknownTaskError(f"no demonstrations for task {obs.task_key!r}")
-        if self.db_down:
-            raise DatabaseUnavailableError("database directory /nonexistent is missing")
-        assert set(obs.images) == set(VIEWS) and obs.images["wrist"].dtype == np.uint8
-        time.sleep(self.delay_s)
-        self.steps += 1
-        a = np.concatenate([obs.ee_pos, [0.1, 0.2, 0.3, 1.0]])
-        if self.big_action:
-            a[0] = 1.5  # beyond max_abs_action (clipped), within action_limits
-        if self.huge_action:
-            a[4] = -7.5
-        if self.nan_action:
-            a[2] = math.nan
-        return a, StepStats(mode="drafter", method="heisd", llm_forwards=2, tokens_per_forward=[4, 3],
-                            latency_ms={"total": 1000 * self.delay_s}, tokens=tuple(range(7)), fallback=self.fallback)
-
-    def episode_feedback(self, success):
-        self.feedback.append(success)
-
-    def health(self):
-        return (not self.db_down, "database missing" if self.db_down else "ok")
-
-
-class Rig:
-    """A test node publishing the node's inputs and recording its outputs, spun in a thread."""
-
-    def __init__(self) -> None:
-        self.ctx = rclpy.Context()
-        rclpy.init(context=self.ctx, domain_id=DOMAIN_ID)
-        self.node = Node("rig", context=self.ctx)
-        self.commands, self.stats, self.diags, self.logs, self.twists, self.grips = [], [], [], [], [], []
-        self.received_at: list[tuple[float, ArmCommand]] = []
-        n = self.node
-        n.create_subscription(ArmCommand, "arm_command", self._on_cmd, EVENT_QOS)
-        n.create_subscription(DecodeStats, "decode_stats", self.stats.append, EVENT_QOS)
-        n.create_subscription(DiagnosticArray, "/diagnostics", self.diags.append, EVENT_QOS)
-        n.create_subscription(Log, "/rosout", self.logs.append, 100)
-        n.create_subscription(TwistStamped, "cmd_twist", self.twists.append, EVENT_QOS)
-        n.create_subscription(Float64, "gripper_command", self.grips.append, EVENT_QOS)
-        self.pub_img = {v: n.create_publisher(Image, f"{v}/image_raw", SENSOR_QOS) for v in VIEWS}
-        self.pub_pose = n.create_publisher(PoseStamped, "ee_pose", SENSOR_QOS)
-        self.pub_instr = n.create_publisher(String, "instruction", LATCHED_QOS)
-        self.pub_result = n.create_publisher(Bool, "episode_result", EVENT_QOS)
-        self.executor = SingleThreadedExecutor(context=self.ctx)
-        self.executor.add_node(n)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-        self.rng = np.random.default_rng(0)
-        self.newest_frame_s = 0.0
-        self.started = 0
-        self.policy: PolicyNode | None = None
-
-    def _on_cmd(self, msg):
-        self.commands.append(msg)
-        self.received_at.append((self.now(), msg))
-
-    def now(self) -> float:
-        return self.node.get_clock().now().nanoseconds * 1e-9
-
-    def start(self, decoder=None, **params) -> PolicyNode:
-        overrides = {"model_dir": "fake", "control_rate_hz": 20.0, "diagnostics_period_s": 0.2,
-                     "warn_throttle_s": 0.0, "image_staleness_s": STALENESS_S, "pose_staleness_s": STALENESS_S,
-                     "expected_image_height": SIZE[0], "expected_image_width": SIZE[1], **params}
-        self.decoder = decoder or FakeDecoder()
-        self.started += 1  # unique names: rclpy drops /rosout of a re-created node of the same name
-        node = PolicyNode(lambda cfg: self.decoder, node_name=f"policy_node_{self.started}", context=self.ctx,
-                          parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
-        self.executor.add_node(node)
-        self.policy = node
-        pubs = [*self.pub_img.values(), self.pub_pose, node._outputs.command, node._outputs.stats, node._pub_diag]
-        if "instruction_topic" not in params:
-            pubs.append(self.pub_instr)
-        assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 5.0), "discovery timed out"
-        return node
-
-    def stop(self) -> None:
-        self.executor.remove_node(self.policy)
-        self.policy.destroy_node()
-        self.policy = None
-
-    def close(self) -> None:
-        self.executor.shutdown(timeout_sec=2.0)
-        self.thread.join(2.0)
-        self.node.destroy_node()
-        rclpy.shutdown(context=self.ctx)
-
-    def instruct(self, text: str, timeout_s: float = 2.0) -> None:
-        """Publish the instruction and, when a policy node runs, wait until it holds it, so a set
-        published next is not left waiting (and ageing) behind the instruction's delivery."""
-        self.pub_instr.publish(String(data=text))
-        if self.policy is not None and text:
-            self.wait(lambda: self.policy._instruction == text.strip(), timeout_s)
-
-    def publish_set(self, t=None, pos=(0.1, 0.2, 0.3), views=VIEWS, size=SIZE, encoding="rgb8", mutate=None,
-                    pose_t=None, pose_msg=None, pose=True) -> float:
-        t = self.now() if t is None else t
-        for v in views:
-            msg = conv.rgb_to_image(self.rng.integers(0, 255, size + (3,), dtype=np.uint8), t, v, encoding)
-            if mutate is not None:
-                mutate(msg)
-            self.pub_img[v].publish(msg)
-        self.newest_frame_s = t
-        if pose:
-            self.pub_pose.publish(pose_msg or conv.position_to_pose(pos, t if pose_t is None else pose_t))
-        return t
-
-    @staticmethod
-    def wait(pred, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if pred():
-                return True
-            time.sleep(0.01)
-        return pred()
-
-    def policy_logs(self, level: int):
-        return [l.msg for l in self.logs if l.name == self.policy.get_name() and l.level >= level]
-
-    def diag_levels_since(self, k0: int):
-        return [(s.level[0], s.message) for d in self.diags[k0:] for s in d.status if s.name.endswith(": policy")]
+STALENESS_S = 0.6  # as the rig's (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def rig():
-    r = Rig()
-    yield r
-    r.close()
+def rig(node_rig):
+    return node_rig
 
 
 @pytest.fixture
@@ -203,17 +50,17 @@ def policy(rig):
 
 
 def _acted(rig, t_s: float, timeout_s: float = 2.0) -> bool:
-    return rig.wait(lambda: any(abs(conv.stamp_to_s(c.header.stamp) - t_s) < 1e-6 for c in rig.commands), timeout_s)
+    return rig.acted(t_s, timeout_s)
 
 
 def test_commands_and_stats_with_stamps_and_frame(rig):
-    rig.start(command_frame_id="tool_frame", publish_twist=True, twist_linear_scale=10.0)
+    rig.start(command_frame_id="tool_frame")
     try:
         rig.instruct("pick up the red bowl")
         n0 = len(rig.commands)
         stamps = []
         for k in range(4):
-            t = rig.publish_set(pos=(0.01 * k, 0.2, 0.3))
+            t = rig.publish_set(pos=(0.01 * k, 0.2, 0.3), frame_id="tool_frame")  # commands are in the pose's frame
             stamps.append(t)
             assert _acted(rig, t), f"no command for set {k}"
         cmds = rig.commands[n0:]
@@ -222,12 +69,10 @@ def test_commands_and_stats_with_stamps_and_frame(rig):
         assert [c.step_id for c in cmds] == [1, 2, 3, 4]
         assert list(cmds[2].delta_position) == pytest.approx([0.02, 0.2, 0.3])
         assert cmds[0].gripper == 1.0 and cmds[0].decode_mode == "drafter" and cmds[0].method == "heisd"
-        assert rig.wait(lambda: len(rig.stats) >= 4 and len(rig.twists) >= 4, 2.0)
+        assert rig.wait(lambda: len(rig.stats) >= 4, 2.0)
         stats = {conv.stamp_to_s(s.header.stamp): s for s in rig.stats}
         assert all(any(abs(s - t) < 1e-6 for s in stats) for t in stamps)
         assert rig.stats[-1].llm_forwards == 2 and list(rig.stats[-1].tokens_per_forward) == [4, 3]
-        assert rig.twists[-1].twist.linear.x == pytest.approx(0.3) and rig.twists[-1].header.frame_id == "tool_frame"
-        assert rig.grips[-1].data == 1.0
         assert rig.decoder.resets == ["pick up the red bowl"]
     finally:
         rig.stop()
@@ -246,41 +91,71 @@ def test_action_clipped_and_repeat_set_not_reused(rig, policy):
 
 
 def test_instruction_change_and_episode_result_reset(rig, policy):
+    """A new instruction starts a new episode; after an episode result the node stops commanding
+    (after_episode: stop) until an instruction arrives, even the same one, which starts a new episode."""
     rig.instruct("pick up the red bowl")
     assert _acted(rig, rig.publish_set())
     assert _acted(rig, rig.publish_set())
     rig.instruct("push the blue block to the left")
-    rig.wait(lambda: policy._instruction == "push the blue block to the left", 2.0)
     t = rig.publish_set()
     assert _acted(rig, t)
     assert rig.decoder.resets == ["pick up the red bowl", "push the blue block to the left"]
     assert rig.commands[-1].step_id == 1
     rig.pub_result.publish(Bool(data=True))
-    assert rig.wait(lambda: rig.decoder.feedback == [True], 2.0)
+    assert rig.wait(lambda: rig.decoder.feedback == [True] and policy.instruction is None, 2.0)
+    n_cmd, n_diag = len(rig.commands), len(rig.diags)
+    assert not _acted(rig, rig.publish_set(), 0.4)
+    assert len(rig.commands) == n_cmd
+    assert rig.wait(lambda: any("episode ended (episode_result)" in m for _, m in rig.diag_levels_since(n_diag)), 2.0)
+    rig.instruct("push the blue block to the left")
     assert _acted(rig, rig.publish_set())
     assert len(rig.decoder.resets) == 3 and rig.commands[-1].step_id == 1
 
 
-def test_dry_run_publishes_nothing_to_actuators(rig):
-    """dry_run: DecodeStats and diagnostics only; no ArmCommand, Twist or gripper command, also
-    when switched on at run time; switching it off resumes commanding."""
-    policy = rig.start(dry_run=True, publish_twist=True)
+def test_after_episode_continue_starts_the_next_episode_at_once(rig):
+    policy = rig.start(after_episode="continue")
     try:
         rig.instruct("pick up the red bowl")
-        n_act, n_stats = len(rig.commands) + len(rig.twists) + len(rig.grips), len(rig.stats)
-        stats_for = lambda t: any(abs(conv.stamp_to_s(s.header.stamp) - t) < 1e-6 for s in rig.stats)  # noqa: E731
+        assert _acted(rig, rig.publish_set()) and _acted(rig, rig.publish_set())
+        rig.pub_result.publish(Bool(data=False))
+        assert rig.wait(lambda: rig.decoder.feedback == [False], 2.0)
+        assert _acted(rig, rig.publish_set())
+        assert rig.decoder.resets == ["pick up the red bowl"] * 2 and rig.commands[-1].step_id == 1
+        assert policy.instruction == "pick up the red bowl"
+    finally:
+        rig.stop()
+
+
+def test_command_enabled_false_publishes_stats_but_no_actuator_message(rig):
+    """command_enabled false (the default of config/policy.yaml): DecodeStats and diagnostics only,
+    no ArmCommand, Servo twist or gripper positions; ~/enable switches commanding on and off at run time,
+    and `ros2 param set` does the same."""
+    from std_srvs.srv import SetBool
+
+    policy = rig.start(command_enabled=False, **{"arm_outputs.publish_twist": True,
+                                                      "arm_outputs.publish_gripper_positions": True})
+    try:
+        rig.instruct("pick up the red bowl")
+        actuators = lambda: len(rig.commands) + len(rig.twists) + len(rig.grips)
+        n_act, n_stats, n_diag = actuators(), len(rig.stats), len(rig.diags)
         for _ in range(3):
-            assert rig.wait(lambda t=rig.publish_set(): stats_for(t), 2.0)
+            assert rig.stats_for(rig.publish_set())
         time.sleep(0.1)
-        assert len(rig.commands) + len(rig.twists) + len(rig.grips) == n_act and len(rig.stats) >= n_stats + 3
-        assert policy.set_parameters([Parameter("dry_run", value=False)])[0].successful
+        assert actuators() == n_act and len(rig.stats) >= n_stats + 3
+        assert rig.wait(lambda: any(kv.key == "commanding" and kv.value.startswith("dry run") for d in rig.diags[n_diag:]
+                                    for st in d.status for kv in st.values), 2.0)  # fmt: skip
+        reply = rig.call("enable", SetBool.Request(data=True))
+        assert reply.success and reply.message == "commanding enabled" and policy.cfg.node.command_enabled
+        assert policy.get_parameter("command_enabled").value is True
         assert _acted(rig, rig.publish_set()) and rig.wait(lambda: len(rig.twists) > 0 and len(rig.grips) > 0, 2.0)
-        assert policy.set_parameters([Parameter("dry_run", value=True)])[0].successful
-        n_act = len(rig.commands) + len(rig.twists) + len(rig.grips)
+        assert rig.call("enable", SetBool.Request(data=False)).success
+        n_act = actuators()  # nothing after the service has answered
         t = rig.publish_set()
-        assert rig.wait(lambda: stats_for(t), 2.0)
+        assert rig.stats_for(t)
         time.sleep(0.1)
-        assert len(rig.commands) + len(rig.twists) + len(rig.grips) == n_act
+        assert actuators() == n_act
+        assert policy.set_parameters([Parameter("command_enabled", value=True)])[0].successful
+        assert _acted(rig, rig.publish_set())
     finally:
         rig.stop()
 
@@ -318,7 +193,7 @@ def test_database_fallback_publishes_the_command_with_a_warn_diagnostic(rig, pol
 def test_watchdog_withholds_commands_while_inference_overruns_and_recovers(rig):
     """Inference over watchdog_factor control periods: no command and an ERROR until
     watchdog_recovery_steps steps in a row are back within the budget."""
-    dec = FakeDecoder()
+    dec = rig.fake()
     policy = rig.start(dec, control_rate_hz=10.0, watchdog_factor=2.0, watchdog_recovery_steps=2,
                        image_staleness_s=1.0, pose_staleness_s=1.0)  # budget 200 ms  # fmt: skip
     try:
@@ -331,7 +206,8 @@ def test_watchdog_withholds_commands_while_inference_overruns_and_recovers(rig):
         # while the slow step runs, the tick already reports the overrun
         assert rig.wait(lambda: any(lvl == 2 and "inference running for" in m for lvl, m in rig.diag_levels_since(n_diag)), 2.0)
         assert rig.wait(lambda: dec.steps >= 2, 2.0) and not _acted(rig, t, 0.2)
-        assert any(lvl == 2 and "inference took" in m for lvl, m in rig.diag_levels_since(n_diag))
+        # the next diagnostics message (every 0.2 s) carries the finished step's overrun
+        assert rig.wait(lambda: any(lvl == 2 and "inference took" in m for lvl, m in rig.diag_levels_since(n_diag)), 1.0)
         dec.delay_s = 0.0
         first = rig.publish_set()
         assert not _acted(rig, first, 0.5)  # 1/2 steps within budget: still withheld
@@ -400,11 +276,12 @@ def test_no_instruction_yet(rig):
         assert rig.wait(lambda: any("no instruction" in m for lvl, m in rig.diag_levels_since(n_diag) if lvl >= 1), 3.0)
         assert rig.wait(lambda: any("no instruction" in m for m in rig.policy_logs(30)), 2.0)
         assert len(rig.commands) == n_cmd
-        pub = rig.node.create_publisher(String, "instruction_not_sent_yet", LATCHED_QOS)
+        pub = rig.node.create_publisher(String, "instruction_not_sent_yet", 10)  # volatile, as planners publish
+        assert rig.wait(lambda: pub.get_subscription_count() > 0, 5.0)
         pub.publish(String(data="pick up the red bowl"))
-        rig.wait(lambda: rig.policy._instruction is not None, 2.0)
+        assert rig.wait(lambda: rig.policy.instruction is not None, 2.0)
         assert _acted(rig, rig.publish_set())
-        rig.node.destroy_publisher(pub)
+        rig.on_executor(lambda: rig.node.destroy_publisher(pub))
     finally:
         rig.stop()
 
@@ -431,7 +308,7 @@ def _flood(rig, seconds: float, rate_hz: float):
 def test_flooding_builds_no_backlog(rig, decode_ms):
     """Images at 10x the control rate: latency stays bounded, ticks are dropped not queued."""
     rate = 10.0
-    rig.start(FakeDecoder(delay_s=decode_ms / 1000), control_rate_hz=rate, image_staleness_s=0.5,
+    rig.start(rig.fake(delay_s=decode_ms / 1000), control_rate_hz=rate, image_staleness_s=0.5,
               pose_staleness_s=0.5)  # fmt: skip
     try:
         seconds = 3.0
@@ -485,7 +362,7 @@ class SimClock:
     def stop(self, rig) -> None:
         self.running = False
         self.thread.join(1.0)
-        rig.node.destroy_publisher(self.pub)
+        rig.on_executor(lambda: rig.node.destroy_publisher(self.pub))
 
 
 def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
@@ -528,6 +405,9 @@ def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
         ({"control_rate_hz": -1.0}, "control_rate_hz"),
         ({"image_topics": ["only_one"]}, "one topic per view"),
         ({"model_dir": ""}, "model_dir is required"),
+        ({"instruction_durability": "latched"}, "instruction_durability must be one of"),
+        ({"after_episode": "repeat"}, "after_episode must be one of"),
+        ({"warmup_steps": -1}, "warmup_steps must be"),
         ({"max_abs_action": [1.0, 1.0]}, "max_abs_action"),
         ({"decoder.method": "magic"}, "unknown method"),
         ({"sync_slop_s": 2.0}, "sync_slop_s"),
@@ -544,9 +424,9 @@ def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
     ],
 )
 def test_invalid_parameters_fail_start_up_with_reason(rig, params, words):
-    overrides = [Parameter(k, value=v) for k, v in {"model_dir": "fake", **params}.items()]
+    overrides = [Parameter(k, value=v) for k, v in {"model_dir": "fake", "warmup_steps": 0, **params}.items()]
     with pytest.raises(ConfigError, match=words):
-        PolicyNode(lambda cfg: FakeDecoder(), context=rig.ctx, parameter_overrides=overrides)
+        PolicyNode(lambda cfg: rig.fake(), context=rig.ctx, parameter_overrides=overrides)
 
 
 def test_decoder_load_failure_fails_start_up(rig):
@@ -582,9 +462,9 @@ def test_invalid_parameter_updates_are_rejected_with_reason(rig, policy, updates
 def test_parameter_updates_are_validated(rig, policy):
     ro = policy.set_parameters([Parameter("control_rate_hz", value=5.0)])[0]
     assert not ro.successful and "read-only" in ro.reason
-    ok = policy.set_parameters([Parameter("dry_run", value=True), Parameter("sync_slop_s", value=0.1)])
+    ok = policy.set_parameters([Parameter("command_enabled", value=False), Parameter("sync_slop_s", value=0.1)])
     assert all(r.successful for r in ok)
-    assert policy.cfg.node.dry_run and policy._sync.cfg.slop_s == 0.1
+    assert not policy.cfg.node.command_enabled and policy._sync.cfg.slop_s == 0.1
     desc = policy.describe_parameter("control_rate_hz")
     assert desc.read_only and "control timer" in desc.description
 
@@ -593,10 +473,10 @@ def test_parameter_updates_are_validated(rig, policy):
 
 
 def test_standalone_args_translate_to_ros_args():
-    args = ros_args(["policy_node", "--params-file", "a.yaml", "-p", "dry_run:=true", "--ros-args", "-r",
+    args = ros_args(["policy_node", "--params-file", "a.yaml", "-p", "autostart:=false", "--ros-args", "-r",
                      "__ns:=/arm"])  # fmt: skip
     assert args == ["policy_node", "--ros-args", "-r", "__ns:=/arm", "--ros-args", "--params-file", "a.yaml",
-                    "-p", "dry_run:=true"]  # fmt: skip
+                    "-p", "autostart:=false"]  # fmt: skip
 
 
 def test_parameter_file_is_complete_and_valid(tmp_path):
@@ -617,13 +497,17 @@ def test_parameter_file_is_complete_and_valid(tmp_path):
     for s in param_specs():  # doubles written as doubles (rcl rejects 1 for a double)
         if s.kind == "float":
             assert isinstance(values[s.name], float), s.name
-    cfg = build_config(values)
-    assert cfg.node.model_dir == "tiny"
+    # safe by default: no model named, commanding off, the node brings itself up, a volatile instruction
+    assert values["model_dir"] == "" and values["command_enabled"] is False and values["autostart"] is True
+    assert values["instruction_durability"] == "volatile" and values["after_episode"] == "stop"
+    with pytest.raises(ConfigError, match="model_dir is required"):
+        build_config(values)
+    build_config({**values, "model_dir": "/path/to/checkpoint"})
     # the file would silently pin an old default over a changed dataclass default
     stale = {s.name: (values[s.name], s.default) for s in param_specs()
-             if s.name != "model_dir" and values[s.name] != (list(s.default) if isinstance(s.default, tuple) else s.default)}
+             if values[s.name] != (list(s.default) if isinstance(s.default, tuple) else s.default)}
     assert not stale, f"config/policy.yaml differs from the defaults {stale}; regenerate it with " \
-                      "`python -m heisd_ros.ros.params model_dir:=tiny > config/policy.yaml`"
+                      "`python -m heisd_ros.ros.params > config/policy.yaml`"
     text = (REPO / "config" / "policy.yaml").read_text()
     assert text.count("\n    # ") + text.count("\n      # ") + text.count("\n        # ") >= len(names)
 
@@ -632,58 +516,86 @@ def test_parameter_file_comments_match_the_field_docs():
     """config/policy.yaml is exactly what the generator writes: its comments are the dataclass field docs."""
     from heisd_ros.ros.param_file import policy_yaml
 
-    assert (REPO / "config" / "policy.yaml").read_text() == policy_yaml({"model_dir": "tiny"}), (
-        "config/policy.yaml is out of date; regenerate it with "
-        "`python -m heisd_ros.ros.params model_dir:=tiny > config/policy.yaml`")
+    assert (REPO / "config" / "policy.yaml").read_text() == policy_yaml(), (
+        "config/policy.yaml is out of date; regenerate it with `python -m heisd_ros.ros.params > config/policy.yaml`")
 
 
-def _fake_launch_modules():
-    """Minimal stand-ins for launch/launch_ros that record what the launch file builds."""
+def _fake_launch_modules(arguments: dict[str, str]):
+    """Minimal stand-ins for launch/launch_ros that record what the launch file builds; a
+    LaunchConfiguration performs to `arguments` (launch and launch_ros are not installable here)."""
 
     class Rec:
         def __init__(self, *args, **kwargs):
             self.args, self.kwargs = args, kwargs
 
+    class LaunchConfiguration(Rec):
+        def perform(self, context):
+            return arguments[self.args[0]]
+
     mods = {}
     for name, attrs in {
         "launch": ["LaunchDescription"],
-        "launch.actions": ["DeclareLaunchArgument"],
-        "launch.substitutions": ["LaunchConfiguration", "PathJoinSubstitution"],
-        "launch_ros.actions": ["Node"],
-        "launch_ros.parameter_descriptions": ["ParameterValue"],
+        "launch.actions": ["DeclareLaunchArgument", "OpaqueFunction"],
+        "launch.substitutions": ["PathJoinSubstitution"],
+        "launch_ros.actions": ["LifecycleNode"],
         "launch_ros.substitutions": ["FindPackageShare"],
     }.items():
         m = types.ModuleType(name)
         for a in attrs:
             setattr(m, a, type(a, (Rec,), {}))
         mods[name] = m
+    mods["launch.substitutions"].LaunchConfiguration = LaunchConfiguration
     mods["launch_ros"] = types.ModuleType("launch_ros")
     return mods
 
 
-def test_launch_file_builds_node_with_params_and_remappings(monkeypatch):
+def _launch(monkeypatch, **given):
+    """(declared argument -> default, the LifecycleNode built) of launch/policy.launch.py."""
     import importlib.util
 
-    from heisd_ros.ros.params import NodeConfig
-
-    for name, mod in _fake_launch_modules().items():
-        monkeypatch.setitem(sys.modules, name, mod)
     spec = importlib.util.spec_from_file_location("policy_launch", REPO / "launch" / "policy.launch.py")
     module = importlib.util.module_from_spec(spec)
+    arguments: dict[str, str] = {}
+    for name, mod in _fake_launch_modules(arguments).items():
+        monkeypatch.setitem(sys.modules, name, mod)
     spec.loader.exec_module(module)
     ld = module.generate_launch_description()
     entities = ld.args[0]
-    node = entities[-1]
-    declared = {e.args[0] for e in entities[:-1]}
+    declared = {e.args[0]: e.kwargs["default_value"] for e in entities[:-1]}
+    arguments.update({k: v if isinstance(v, str) else "share/heisd_ros/config/policy.yaml" for k, v in declared.items()})
+    arguments.update(given)
+    (node,) = entities[-1].kwargs["function"](context=None)
+    return declared, node
+
+
+def test_launch_file_builds_a_lifecycle_node_with_params_and_remappings(monkeypatch):
+    from heisd_ros.ros.params import NodeConfig
+
+    declared, node = _launch(monkeypatch)
+    assert type(node).__name__ == "LifecycleNode"
     assert node.kwargs["package"] == "heisd_ros" and node.kwargs["executable"] == "policy_node"
-    assert {"params_file", "namespace", "use_sim_time"} <= declared
+    assert node.kwargs["name"] == "policy_node" and node.kwargs["namespace"] == ""  # LifecycleNode requires both
+    assert {"params_file", "namespace", "use_sim_time", "autostart", "model_dir"} <= set(declared)
+    assert declared["autostart"] == ""  # the parameter file's autostart (true by default) unless given
     remapped = {src for src, _ in node.kwargs["remappings"]}
-    defaults = NodeConfig(model_dir="x")
-    assert set(defaults.image_topics) | {defaults.pose_topic, defaults.joint_states_topic, defaults.instruction_topic,
-                                         defaults.episode_result_topic, defaults.command_topic,
-                                         defaults.stats_topic, defaults.twist_topic, defaults.gripper_topic} == remapped
-    assert {arg.args[0] for _, arg in node.kwargs["remappings"]} <= declared
-    assert node.kwargs["parameters"][0].args[0] == "params_file"
+    d = NodeConfig(model_dir="x")
+    a = d.arm_outputs
+    assert set(d.image_topics) | {d.pose_topic, d.joint_states_topic, d.instruction_topic, d.episode_result_topic,
+                                  d.command_topic, d.stats_topic, a.twist_topic,
+                                  a.pose_target_topic, a.gripper_trajectory_topic,
+                                  a.gripper_positions_topic} == remapped  # fmt: skip
+    params_file, overrides = node.kwargs["parameters"]
+    assert params_file == "share/heisd_ros/config/policy.yaml"
+    # model_dir only when given: an empty one would override the parameter file's
+    assert overrides == {"use_sim_time": False}
+    _, node = _launch(monkeypatch, autostart="false", model_dir="/ckpt", use_sim_time="true", namespace="arm")
+    assert node.kwargs["parameters"][1] == {"use_sim_time": True, "autostart": False, "model_dir": "/ckpt"}
+    assert node.kwargs["namespace"] == "arm"
+
+
+def test_launch_file_compiles():
+    path = REPO / "launch" / "policy.launch.py"
+    compile(path.read_text(), str(path), "exec")
 
 
 FAKE_MAIN = """

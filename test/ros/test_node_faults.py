@@ -54,8 +54,10 @@ def files(untrained_policy):
 
 
 def _params(root: Path, **over) -> dict:
+    # commanding on; the rig's instruction publisher is latched (it publishes before the node starts)
     return {"model_dir": str(root / "model"), "drafter_dir": str(root / "drafter"), "db_path": str(root / "db"),
-            "calibration_path": str(root / "calibration.json"), **over}  # fmt: skip
+            "calibration_path": str(root / "calibration.json"), "command_enabled": True,
+            "instruction_durability": "transient_local", **over}  # fmt: skip
 
 
 def faulty_decoder(cfg):
@@ -111,7 +113,7 @@ class Rig:
 
     def instruct(self, policy: PolicyNode, text: str) -> None:
         self.pub_instr.publish(String(data=text))
-        assert self.wait(lambda: policy._instruction == text, 2.0), "instruction not delivered"
+        assert self.wait(lambda: policy.instruction == text, 2.0), "instruction not delivered"
 
     def acted(self, t: float, timeout_s: float) -> bool:
         return self.wait(lambda: any(abs(conv.stamp_to_s(c.header.stamp) - t) < 1e-6 for _, c in self.commands),

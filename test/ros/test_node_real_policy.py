@@ -58,7 +58,9 @@ def files(untrained_policy):
 def _params(root: Path, **over) -> dict:
     return {"model_dir": str(root / "model"), "drafter_dir": str(root / "drafter"), "db_path": str(root / "db"),
             "calibration_path": str(root / "calibration.json"), "control_rate_hz": 10.0,
-            "diagnostics_period_s": 0.2, "warn_throttle_s": 0.0, **over}  # fmt: skip
+            "diagnostics_period_s": 0.2, "warn_throttle_s": 0.0, "command_enabled": True,
+            # the listener's instruction is latched and may be published before the node matched it
+            "instruction_durability": "transient_local", **over}  # fmt: skip
 
 
 def _copy(files: Path, tmp_path: Path) -> Path:

@@ -72,7 +72,9 @@ def read_bag(bag, slop_s=0.05):
 def _cfg(tmp_path, **kw):
     base = dict(fast=True, start_node=True, out=str(tmp_path / "out"), domain_id=DOMAIN_ID, quiet=True,
                 params=("control_rate_hz:=50.0", "diagnostics_period_s:=0.2"), settle_s=0.3)  # fmt: skip
-    return rp.ReplayConfig(**{**base, **kw})
+    cfg = {**base, **kw}
+    cfg["params"] = ("model_dir:=fake", *cfg["params"]) if cfg["start_node"] else cfg["params"]  # the node needs one
+    return rp.ReplayConfig(**cfg)
 
 
 def _read(out: Path) -> dict[str, list]:
@@ -103,7 +105,7 @@ def test_make_bag_is_deterministic_and_validates(tmp_path):
 
 
 def test_fast_replay_one_command_per_synchronised_step(bag, tmp_path):
-    cfg = _cfg(tmp_path, params=("control_rate_hz:=50.0", "diagnostics_period_s:=0.2", "command_frame_id:=replayed"))
+    cfg = _cfg(tmp_path, params=("control_rate_hz:=50.0", "diagnostics_period_s:=0.2", "command_frame_id:=base_link"))
     result = rp.replay(bag, cfg, decoder_factory=Decoder)
     row = result["methods"]["heisd"]
     assert row["bag_steps"] == 12 and row["decoded_steps"] == 12 and row["commands"] == 12 and row["timeouts"] == 0
@@ -114,7 +116,7 @@ def test_fast_replay_one_command_per_synchronised_step(bag, tmp_path):
     got = _read(Path(cfg.out))
     cmds = [m for t, m in got["/arm_command"]]
     assert len(cmds) == 12 and got["/arm_command"][0][0] == "heisd_ros/msg/ArmCommand"
-    assert all(c.header.frame_id == "replayed" for c in cmds)
+    assert all(c.header.frame_id == "base_link" for c in cmds)
     stamps = [c.header.stamp.sec + 1e-9 * c.header.stamp.nanosec for c in cmds]
     assert stamps == sorted(stamps) and len(set(stamps)) == 12
     assert [c.step_id for c in cmds] == list(range(1, 13))
@@ -174,7 +176,8 @@ def test_paced_replay_into_a_running_node(bag, tmp_path):
     ctx = rclpy.Context()
     rclpy.init(context=ctx, domain_id=DOMAIN_ID)
     node = PolicyNode(Decoder, context=ctx, parameter_overrides=[
-        Parameter("model_dir", value="fake"), Parameter("control_rate_hz", value=40.0)])  # fmt: skip
+        Parameter("model_dir", value="fake"), Parameter("control_rate_hz", value=40.0),
+        Parameter("command_enabled", value=True)])  # fmt: skip
     ex = SingleThreadedExecutor(context=ctx)
     ex.add_node(node)
     th = threading.Thread(target=ex.spin, daemon=True)

@@ -103,7 +103,8 @@ def test_reading_streams(long_bag):
 def test_replay_memory_is_bounded(long_bag, tmp_path):
     cfg = rp.ReplayConfig(rate=2.0, start_node=True, maps=MAPS, out=str(tmp_path / "out"), domain_id=DOMAIN_ID,
                           quiet=True, params_file=str(REPO / "config" / "policy.yaml"),
-                          params=("control_rate_hz:=30.0", "image_staleness_s:=2.0", "pose_staleness_s:=2.0"),
+                          params=("model_dir:=fake", "control_rate_hz:=30.0", "image_staleness_s:=2.0",
+                                  "pose_staleness_s:=2.0"),
                           settle_s=0.5, warmup_steps=1)  # fmt: skip
     with Sampler() as s:
         result = rp.replay(long_bag, cfg, decoder_factory=Decoder)

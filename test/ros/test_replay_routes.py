@@ -74,7 +74,9 @@ def _cfg(tmp_path, **kw):
     base = dict(fast=True, start_node=True, out=str(tmp_path / "out"), domain_id=DOMAIN_ID, quiet=True,
                 params=("control_rate_hz:=100.0", "diagnostics_period_s:=0.2"),
                 settle_s=0.3, maps=MAPS, params_file=str(REPO / "config" / "policy.yaml"))  # fmt: skip
-    return rp.ReplayConfig(**{**base, **kw})
+    cfg = {**base, **kw}
+    cfg["params"] = ("model_dir:=fake", *cfg["params"]) if cfg["start_node"] else cfg["params"]  # the node needs one
+    return rp.ReplayConfig(**cfg)
 
 
 def test_unmapped_topics_are_left_out_and_each_step_gets_its_own_pose(recording, tmp_path, capsys):
@@ -126,7 +128,8 @@ def test_running_node_in_a_namespace_is_found(tmp_path):
     rclpy.init(context=ctx, domain_id=DOMAIN_ID)
     node = PolicyNode(factory([]), namespace="/arm", context=ctx, parameter_overrides=[
         Parameter("model_dir", value="fake"), Parameter("control_rate_hz", value=100.0),
-        Parameter("watchdog_factor", value=100.0), Parameter("input_limits.max_pose_jump_m", value=10.0)])  # fmt: skip
+        Parameter("watchdog_factor", value=100.0), Parameter("input_limits.max_pose_jump_m", value=10.0),
+        Parameter("command_enabled", value=True)])  # fmt: skip
     ex = SingleThreadedExecutor(context=ctx)
     ex.add_node(node)
     th = threading.Thread(target=ex.spin, daemon=True)

@@ -260,3 +260,12 @@ def test_ros_free_modules_import_without_rclpy():
             "assert 'rclpy' not in sys.modules, 'rclpy imported'; "
             "heisd_ros.ros.params.build_config({'model_dir': 'tiny'})")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_before_anything_arrives_the_node_is_waiting_not_rejecting():
+    s = make()
+    assert s.poll(1.0) is None and not s.problem and not s.heard and "received yet" in s.reason
+    s.add_pose(1.0, "p")  # one source up, the cameras not: now a missing view is a fault
+    assert s.poll(1.0) is None and s.problem and "missing view" in s.reason
+    s.clear()
+    assert s.poll(2.0) is None and not s.problem

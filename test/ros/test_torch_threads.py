@@ -105,7 +105,9 @@ def test_torch_threads_is_set_before_the_model_loads_and_only_the_worker_decodes
     root = untrained_policy
     params = {"model_dir": str(root / "model"), "drafter_dir": str(root / "drafter"), "db_path": str(root / "db"),
               "calibration_path": str(root / "calibration.json"), "decoder.method": "heisd",
-              "torch_threads": wanted, "image_staleness_s": 1.0, "pose_staleness_s": 1.0}  # fmt: skip
+              "torch_threads": wanted, "image_staleness_s": 1.0, "pose_staleness_s": 1.0,
+              # no warm-up (it decodes at configure, before the worker exists); a latched instruction
+              "warmup_steps": 0, "instruction_durability": "transient_local"}  # fmt: skip
     node = PolicyNode(factory, context=ctx, node_name="threads",
                       parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])  # fmt: skip
     rig = rclpy.create_node("threads_rig", context=ctx)

@@ -87,12 +87,14 @@ import json
 import heisd_ros, heisd_ros.core.config
 import heisd_ros.msg
 from heisd_ros.msg import ArmCommand, DecodeStats
+from heisd_ros.action import RunTask
 from rclpy.serialization import deserialize_message, serialize_message
 from ament_index_python.packages import get_package_share_directory
 
 cmd = ArmCommand(step_id=3, delta_position=[0.1, 0.2, 0.3], gripper=-1.0, method="heisd")
 back = deserialize_message(serialize_message(cmd), ArmCommand)
 stats = DecodeStats(tokens_per_forward=[2, 1])
+goal = RunTask.Goal(instruction="stack the cups", max_steps=40)
 print(json.dumps({
     "heisd_ros": heisd_ros.__file__,
     "config": heisd_ros.core.config.__file__,
@@ -100,6 +102,8 @@ print(json.dumps({
     "typesupport": __import__("heisd_ros.heisd_ros_s__rosidl_typesupport_c").heisd_ros_s__rosidl_typesupport_c.__file__,
     "round_trip": back == cmd,
     "stats_len": len(serialize_message(stats)),
+    "goal_round_trip": deserialize_message(serialize_message(goal), RunTask.Goal) == goal,
+    "action": __import__("heisd_ros.action").action.__file__,
     "share": get_package_share_directory("heisd_ros"),
 }))
 """
@@ -116,9 +120,9 @@ def test_workspace_install_imports(install: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
 
-    for key in ("heisd_ros", "config", "msg", "typesupport"):
+    for key in ("heisd_ros", "config", "msg", "typesupport", "action"):
         assert Path(got[key]).is_relative_to(site), f"{key} from {got[key]}, not from {site}"
-    assert got["round_trip"] is True
+    assert got["round_trip"] is True and got["goal_round_trip"] is True
     assert got["stats_len"] > 0
     assert Path(got["share"]) == install / "share" / "heisd_ros"
     # The hand-written __init__.py (extend_path) replaced rosidl's empty one.
@@ -131,6 +135,7 @@ def test_workspace_install_layout(install: Path) -> None:
     assert (install / "share" / "ament_index" / "resource_index" / "packages" / "heisd_ros").is_file()
     assert (share / "msg" / "ArmCommand.msg").is_file()
     assert (share / "msg" / "DecodeStats.msg").is_file()
+    assert (share / "action" / "RunTask.action").is_file()
     # The private layout of the interfaces-only (venv) build is not used by a full install.
     assert not (_site_packages(install) / "heisd_ros.pkg").exists()
     assert not (install / "lib" / "heisd_ros_interfaces").exists()

@@ -15,6 +15,7 @@ PROVIDED_BY: dict[str, str] = {
     # import name -> rosdep key (package.xml) or pip name (requirements-runtime.txt)
     "rclpy": "rclpy", "std_msgs": "std_msgs", "geometry_msgs": "geometry_msgs", "sensor_msgs": "sensor_msgs",
     "diagnostic_msgs": "diagnostic_msgs", "rcl_interfaces": "rcl_interfaces", "builtin_interfaces": "builtin_interfaces",
+    "lifecycle_msgs": "lifecycle_msgs", "std_srvs": "std_srvs", "trajectory_msgs": "trajectory_msgs",
     "launch": "launch", "launch_ros": "launch_ros", "ament_index_python": "ament_index_python",
     "numpy": "python3-numpy", "yaml": "python3-yaml", "PIL": "python3-pil", "httpx": "python3-httpx",
     "tqdm": "python3-tqdm", "h5py": "python3-h5py", "matplotlib": "python3-matplotlib",

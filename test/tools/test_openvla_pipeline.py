@@ -304,6 +304,20 @@ def test_center_crop_is_a_run_time_choice_recorded_by_the_database(workspace, tm
     with pytest.raises(ConfigError, match="built with --center-crop"):
         calibrate.main([*common, "--db", str(tmp_path / "db"), "--out", str(tmp_path / "c.json"),
                         "--cache-dir", str(tmp_path / "cache")])
+    # The node's loader: decoder.center_crop crops what the model sees and must match the database.
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.errors import DatabaseError
+    from heisd_ros.policy import PolicyPaths, load_policy
+
+    paths = PolicyPaths(model, db_path=str(tmp_path / "db"))
+    with pytest.raises(DatabaseError, match="built with the centre crop, the policy runs without it"):
+        load_policy(paths, DecoderConfig(method="retrieval", views=("agentview",)))
+    decoder = load_policy(paths, DecoderConfig(method="retrieval", views=("agentview",), center_crop=True))
+    try:
+        assert decoder.vla.fingerprint() != load_policy(
+            PolicyPaths(model), DecoderConfig(method="ar", views=("agentview",))).vla.fingerprint()
+    finally:
+        decoder.store.close()
 
 
 def test_load_options_of_both_model_kinds(workspace, tmp_path) -> None:

@@ -1,0 +1,194 @@
+"""The policy node as a managed (lifecycle) node: what each transition does, and the warm-up.
+
+    unconfigured --configure--> inactive --activate--> active --deactivate--> inactive --cleanup--> unconfigured
+
+- configure: load and check the model, drafter, database and calibration (`load_decoder`), decode
+  `warmup_steps` steps of a synthetic observation and reset the decoder (`warm_up`), then create the
+  subscriptions, publishers, the inference thread and the diagnostics timer. A failure leaves the
+  node unconfigured, with the reason logged (and kept in `configure_error`).
+- activate: start the control timer and open the command gate (task_control.TaskControl).
+- deactivate: close the gate first (no command follows once the transition has returned; a step in
+  flight still publishes its DecodeStats) and end the episode, then stop the control timer.
+- cleanup / shutdown: release everything configure created; the decoder's database is closed, so its
+  file lock is free for the next configure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
+
+from heisd_ros.core.errors import DatabaseError, HeisdError, ModelLoadError
+from heisd_ros.core.types import Observation
+from heisd_ros.ros.input_limits import model_input
+from heisd_ros.ros.params import PolicyNodeConfig
+from heisd_ros.ros.worker import describe
+
+WARMUP_INSTRUCTION = "pick up the object"
+"""The warm-up's instruction when the node names no task and the database lists none."""
+WARMUP_STEP_M = 0.1
+"""End-effector displacement per warm-up step, m: a straight path with a large displacement, which
+the kinematic boundary sends to retrieval under the usual calibrations (docs/design.md §5), so the
+retrieval path is warmed as well as the drafter's."""
+
+
+def load_decoder(cfg: PolicyNodeConfig) -> Any:
+    """The HybridDecoder of the node's configuration (heisd_ros.policy.load_policy), read only from
+    the directories it names."""
+    from pathlib import Path
+
+    from heisd_ros.policy import PolicyPaths, load_policy
+
+    n = cfg.node
+    if not Path(n.model_dir).is_dir():
+        raise ModelLoadError(f"model_dir {n.model_dir!r} is not a directory: the node loads the policy's "
+                             "checkpoint directory it is given")  # fmt: skip
+    paths = PolicyPaths(model_dir=n.model_dir, drafter_dir=n.drafter_dir, db_path=n.db_path,
+                        calibration_path=n.calibration_path)  # fmt: skip
+    return load_policy(paths, cfg.decoder, cfg.store, torch_threads=n.torch_threads, build_tiny=False)
+
+
+def _warmup_instruction(decoder: Any, cfg: PolicyNodeConfig) -> str:
+    """The node's task, else the first task of the decoder's database, else a generic instruction."""
+    if cfg.node.task:
+        return cfg.node.task
+    store = getattr(decoder, "store", None)
+    try:
+        tasks = store.tasks() if store is not None else []
+    except DatabaseError:
+        tasks = []
+    return tasks[0] if tasks else WARMUP_INSTRUCTION
+
+
+def warmup_observations(decoder: Any, cfg: PolicyNodeConfig, steps: int) -> list[Observation]:
+    """`steps` synthetic observations: mid-grey frames of the model's input size (else the node's
+    expected size) for every view, an end effector moving `WARMUP_STEP_M` per step along x, the
+    finger gap half open."""
+    hw = model_input(decoder).image_hw or cfg.node.expected_hw
+    frame = np.full((*hw, 3), 128, dtype=np.uint8)
+    instruction = _warmup_instruction(decoder, cfg)
+    gap = 0.04 if getattr(decoder, "reads_finger_gap", False) else None
+    return [Observation(images={v: frame.copy() for v in cfg.decoder.views}, instruction=instruction,
+                        ee_pos=np.array([0.4 + WARMUP_STEP_M * k, 0.0, 0.3]), task=cfg.node.task or None,
+                        stamp_s=k * cfg.node.control_period_s, gripper_gap=gap)
+            for k in range(steps)]  # fmt: skip
+
+
+def warm_up(decoder: Any, cfg: PolicyNodeConfig) -> str:
+    """Decode `warmup_steps` synthetic steps, then reset the decoder: its episode state (trajectory
+    window, verify-skip run, the source choice's measured step costs) is cleared, so the warm-up never
+    biases the first episode (a cold retrieval measured against a warm drafter would keep heisd on
+    the drafter). Returns a summary for the log; raises the decoder's HeisdError."""
+    steps = cfg.node.warmup_steps
+    if steps <= 0:
+        return "no warm-up (warmup_steps 0)"
+    if not (model_input(decoder).image_hw or cfg.node.expected_hw):
+        return "no warm-up: neither the model nor expected_image_height/width gives the frame size"
+    observations = warmup_observations(decoder, cfg, steps)
+    t0 = time.monotonic()
+    modes, step_ms = [], []
+    decoder.reset(observations[0].instruction)
+    try:
+        for obs in observations:
+            t = time.monotonic()
+            _, stats = decoder.step(obs)
+            step_ms.append((time.monotonic() - t) * 1e3)
+            modes.append(str(getattr(stats, "mode", "")))
+    finally:
+        decoder.reset(None)
+    total_s = time.monotonic() - t0
+    return (f"warm-up: {steps} steps in {total_s:.2f} s (first {step_ms[0]:.0f} ms, last {step_ms[-1]:.0f} ms), "
+            f"modes {modes}; decoder reset")  # fmt: skip
+
+
+class ManagedPolicy:
+    """The transitions of PolicyNode (a mixin before rclpy's LifecycleNode): they call the node's
+    `_open_session` / `_close_session` (configure's resources) and its TaskControl `_task`."""
+
+    configure_error: str = ""
+    """Why the last configure failed ('' after a successful one)."""
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        n = self.cfg.node
+        t0 = time.monotonic()
+        self.get_logger().info(f"configuring: method={self.cfg.decoder.method} model_dir={n.model_dir!r}")
+        decoder = None
+        try:
+            decoder = self._decoder_factory(self.cfg)
+            summary = warm_up(decoder, self.cfg)
+            self._open_session(decoder)
+        except HeisdError as err:
+            return self._configure_failed(f"{type(err).__name__}: {err}", decoder, err, TransitionCallbackReturn.FAILURE)
+        except Exception as err:  # noqa: BLE001 - rclpy would turn it into ERROR without the reason
+            return self._configure_failed(describe(err), decoder, err, TransitionCallbackReturn.ERROR)
+        self.configure_error, self._configure_exception = "", None
+        self.get_logger().info(f"configured in {time.monotonic() - t0:.1f} s; {summary}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def _configure_failed(self, reason: str, decoder: Any, err: BaseException, code: Any) -> Any:
+        self.configure_error, self._configure_exception = reason, err
+        self.get_logger().error(f"configure failed: {reason}")
+        self._close_session()
+        if decoder is not None and "_decoder" not in self.__dict__:
+            close_decoder(decoder, self.get_logger())
+        return code
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._control_timer = self.create_timer(self.cfg.node.control_period_s, self._on_tick)
+        self._task.activate()
+        self.get_logger().info(f"active: {self._task.commanding}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._task.deactivate()  # first: no command once this transition has returned
+        self._stop_control_timer()
+        self.get_logger().info("inactive: decoding and commanding stopped")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._close_session()
+        self.get_logger().info("cleaned up: model and database released")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._task.deactivate("shutdown")
+        self._stop_control_timer()
+        self._close_session()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._task.deactivate("error")
+        self._stop_control_timer()
+        self._close_session()
+        return TransitionCallbackReturn.SUCCESS  # back to unconfigured
+
+    def _stop_control_timer(self) -> None:
+        timer = self.__dict__.pop("_control_timer", None)
+        if timer is not None:
+            self.destroy_timer(timer)
+
+    def start(self) -> None:
+        """Configure and activate (autostart). Raises the configure failure (its HeisdError, or a
+        HeisdError naming another exception) with the reason."""
+        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            err = self.__dict__.get("_configure_exception")
+            if isinstance(err, HeisdError):
+                raise err
+            raise HeisdError(f"configure failed: {self.configure_error or 'see the log'}") from err
+        if self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
+            raise HeisdError("activate failed; see the log")
+
+
+def close_decoder(decoder: Any, logger: Any) -> None:
+    """Release a decoder's resources (the embedded database holds a file lock): HybridDecoder.close()
+    when it has one, else its store's."""
+    close = getattr(decoder, "close", None) or getattr(getattr(decoder, "store", None), "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except HeisdError as err:
+        logger.warning(f"closing the decoder: {err}")

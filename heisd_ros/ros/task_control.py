@@ -1,0 +1,317 @@
+"""Task control of the policy node: which episode runs, and the one gate of every actuator output.
+
+An *episode* is one run of a task: started by a `~/run_task` goal (heisd_ros/RunTask) or by a new
+instruction on the instruction topic, ended by the stack's episode_result, `~/reset`, a cancel, the
+goal's step limit or timeout, a newer goal or instruction, or deactivation. Between episodes the
+node is idle: it decodes nothing and commands nothing until a new goal or instruction arrives (with
+`after_episode: continue`, an episode_result or reset of an episode the instruction topic started
+begins the next episode of the same instruction instead).
+
+The gate (`hold`): a step's command is published only while the node is active, command_enabled
+is true and the step belongs to the running episode. The check and the publication happen under one
+lock that every switch-off (deactivate, cancel, ~/enable false, a new goal) also takes, so once a
+switch-off has returned no command of an earlier step can follow. DecodeStats and diagnostics do not
+pass the gate.
+
+Goals: a goal is accepted only while the node is active, and is executed (given its terminal state
+and result) when its episode ends. Until then it stays accepted, so no executor thread waits on it
+(rclpy re-runs a waiting coroutine on every spin, a busy loop). Feedback is published per step.
+Everything that touches the action server (feedback, a goal's end) runs on the node's executor,
+also when the inference thread or a lifecycle call from another thread causes it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from heisd_ros.core.errors import InputLimitError
+from heisd_ros.core.types import StepStats
+from heisd_ros.ros.input_limits import check_instruction, quote
+from heisd_ros.ros.params import NodeConfig
+
+SUCCEEDED_REASONS = frozenset({"episode_result", "max_steps"})
+"""Ends that give the goal SUCCEEDED; a cancel gives CANCELED, every other end ABORTED."""
+
+
+@dataclass
+class Episode:
+    """The running episode."""
+
+    number: int
+    """Counts episodes since start-up; a step carries the number it was decoded for."""
+    instruction: str
+    goal: Any = None
+    """The ~/run_task goal handle it serves (None: started by the instruction topic)."""
+    max_steps: int = 0
+    deadline_s: float | None = None
+    """Node time at which the goal times out (None: no timeout)."""
+    steps: int = 0
+    """Steps decoded in this episode."""
+
+
+class TaskControl:
+    """Episodes, the actuator gate, ~/run_task, ~/enable and ~/reset of one policy node.
+
+    config: the node's current NodeConfig; clock_s: node time, s; enable: sets the node's
+    command_enabled parameter (validated like any other update), returning (ok, reason).
+    """
+
+    def __init__(self, node: Any, config: Callable[[], NodeConfig], clock_s: Callable[[], float],
+                 enable: Callable[[bool], tuple[bool, str]]) -> None:  # fmt: skip
+        from rclpy.action import ActionServer
+        from std_srvs.srv import SetBool, Trigger
+
+        from heisd_ros.action import RunTask
+
+        self._node, self._config, self._clock_s, self._enable = node, config, clock_s, enable
+        self._log = node.get_logger()
+        self._result_type = RunTask.Result
+        self._feedback_type = RunTask.Feedback
+        self._lock = threading.Lock()  # the state below; held across an actuator publication
+        self._active = False
+        self._enabled = config().command_enabled
+        self._episode: Episode | None = None
+        self._count = 0
+        self._idle = f"no instruction received yet on {config().instruction_topic!r} and no ~/run_task goal"
+        self._results: dict[bytes, Any] = {}  # goal id -> the result its execution returns
+        self._action = ActionServer(node, RunTask, "~/run_task", execute_callback=self._execute,
+                                    goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
+                                    cancel_callback=self._on_cancel)  # fmt: skip
+        self._services = [node.create_service(SetBool, "~/enable", self._on_enable),
+                          node.create_service(Trigger, "~/reset", self._on_reset)]  # fmt: skip
+
+    # ------------------------------------------------------------------ state, read by the node
+    def current(self) -> tuple[int, str] | None:
+        """(episode number, instruction) of the running episode, None when idle."""
+        with self._lock:
+            ep = self._episode
+            return (ep.number, ep.instruction) if ep is not None else None
+
+    @property
+    def idle_reason(self) -> str:
+        with self._lock:
+            return self._idle
+
+    @property
+    def commanding(self) -> str:
+        """The gate's state in words, for diagnostics and logs."""
+        with self._lock:
+            if not self._active:
+                return "inactive"
+            return "commanding" if self._enabled else "dry run (command_enabled false)"
+
+    @contextmanager
+    def hold(self, episode: int) -> Iterator[bool]:
+        """Whether a step of `episode` may publish its command now; the gate stays as it is until
+        the block ends (the caller publishes inside it)."""
+        with self._lock:
+            ep = self._episode
+            yield self._active and self._enabled and ep is not None and ep.number == episode
+
+    # ------------------------------------------------------------------ switches
+    def activate(self) -> None:
+        with self._lock:
+            self._active = True
+
+    def deactivate(self, reason: str = "deactivated") -> None:
+        """Close the gate (an actuator publication in progress finishes first) and end the episode."""
+        with self._lock:
+            self._active = False
+        self._end(reason)
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Apply command_enabled (called by the node's parameter callback once the value is valid)."""
+        with self._lock:
+            changed, self._enabled = self._enabled != enabled, enabled
+        if changed:
+            self._log.info("commanding enabled" if enabled else "commanding disabled: dry run (DecodeStats only)")
+
+    def close(self) -> None:
+        """End everything: the gate closes, a running goal is aborted, the servers are destroyed."""
+        self.deactivate("shutdown")
+        self._action.destroy()
+        for srv in self._services:
+            self._node.destroy_service(srv)
+
+    # ------------------------------------------------------------------ episode events
+    def on_instruction(self, text: str) -> None:
+        """A valid instruction from the topic ('' clears it): a new text starts a new episode (a
+        running goal is preempted); the running episode's own text changes nothing."""
+        with self._lock:
+            old = self._episode
+            if text and old is not None and old.instruction == text:
+                return
+            self._episode = self._new_episode(text) if text else None
+            if not text:
+                self._idle = "instruction cleared: waiting for a new goal or instruction"
+        self._log.info(f"instruction: {quote(text)}" if text else "instruction cleared")
+        self._finish(old, "preempted")
+
+    def on_instruction_refused(self, why: str) -> None:
+        """The newest instruction was refused: the user asked for something other than the running
+        task, so it is not commanded any longer (docs/node.md, input limits)."""
+        with self._lock:
+            old, self._episode = self._episode, None
+            self._idle = f"instruction refused: {why}"
+        self._finish(old, "preempted")
+
+    def on_episode_result(self, success: bool) -> None:
+        self._end("episode_result", success=success, follow=self._config().after_episode)
+
+    def tick(self) -> None:
+        """Called by the control timer: ends a goal whose timeout has passed."""
+        with self._lock:
+            ep = self._episode
+            due = ep is not None and ep.deadline_s is not None and self._clock_s() >= ep.deadline_s
+        if due:
+            self._end("timeout")
+
+    def stepped(self, episode: int, stats: StepStats, latency_s: float, commanded: bool) -> None:
+        """A step of `episode` was decoded (worker thread): counted, fed back to its goal, and the
+        episode ended when it reached the goal's step limit."""
+        with self._lock:
+            ep = self._episode
+            if ep is None or ep.number != episode:
+                return
+            ep.steps += 1
+            goal, steps, limit = ep.goal, ep.steps, ep.max_steps
+        if goal is not None:
+            self._soon(goal.publish_feedback, self._feedback_type(
+                step=steps, mode=stats.mode, decode_ms=float(stats.latency_ms.get("total", 0.0)),
+                command_latency_ms=latency_s * 1e3, commanded=commanded))  # fmt: skip
+        if limit and steps >= limit:
+            self._end("max_steps")
+
+    def _new_episode(self, instruction: str, goal: Any = None, max_steps: int = 0,
+                     timeout_s: float = 0.0) -> Episode:  # fmt: skip
+        """A new running episode (the caller holds the lock)."""
+        self._count += 1
+        deadline = self._clock_s() + timeout_s if timeout_s > 0 else None
+        return Episode(self._count, instruction, goal, max_steps, deadline)
+
+    def _end(self, reason: str, success: bool | None = None, follow: str = "stop") -> bool:
+        """End the running episode (if any) for `reason`; `follow` 'continue' starts the next episode
+        of the same instruction (not after a goal's: its client asked for one), 'stop' leaves the
+        node idle. Returns whether a next episode started."""
+        with self._lock:
+            old = self._episode
+            if old is None:
+                return False
+            follow = follow if old.goal is None else "stop"
+            self._episode = self._new_episode(old.instruction) if follow == "continue" else None
+            if self._episode is None:
+                self._idle = f"episode ended ({reason}): waiting for a new goal or instruction"
+        outcome = "" if success is None else (", success" if success else ", failure")
+        self._log.info(f"episode {old.number} ended after {old.steps} steps: {reason}{outcome}"
+                       + ("; the next one starts" if follow == "continue" else ""))  # fmt: skip
+        self._finish(old, reason, success)
+        return follow == "continue"
+
+    # ------------------------------------------------------------------ ~/run_task
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` on the node's executor (the action server is not thread-safe)."""
+        executor = self._node.executor
+        if executor is None:
+            fn(*args)
+        else:
+            executor.create_task(fn, *args)
+
+    def _finish(self, episode: Episode | None, reason: str, success: bool | None = None) -> None:
+        """Give the episode's goal (if any) its result: executed on the executor, terminal at once."""
+        if episode is None or episode.goal is None:
+            return
+        goal = episode.goal
+        self._results[bytes(goal.goal_id.uuid)] = self._result_type(
+            steps=episode.steps, success_reported=success is not None, success=bool(success), reason=reason)
+        self._soon(goal.execute)
+
+    def _execute(self, goal: Any) -> Any:
+        result = self._results.pop(bytes(goal.goal_id.uuid), None) or self._result_type(reason="unknown")
+        if goal.is_cancel_requested:
+            goal.canceled()
+        elif result.reason in SUCCEEDED_REASONS:
+            goal.succeed()
+        else:
+            goal.abort()
+        return result
+
+    def _on_goal(self, request: Any) -> Any:
+        from rclpy.action import GoalResponse
+
+        why = self._goal_problem(request)
+        if why:
+            self._log.warning(f"~/run_task goal refused: {why}")
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def _goal_problem(self, request: Any) -> str:
+        with self._lock:
+            if not self._active:
+                return "the node is not active (configure and activate it first)"
+        try:
+            text = check_instruction(request.instruction, self._config().input_limits)
+        except InputLimitError as err:
+            return str(err)
+        if not text:
+            return "the instruction is empty"
+        if not (math.isfinite(request.timeout_s) and request.timeout_s >= 0.0):
+            return f"timeout_s must be finite and >= 0, got {request.timeout_s}"
+        return ""
+
+    def _on_accepted(self, goal: Any) -> None:
+        """A new goal preempts the running episode and starts its own."""
+        req = goal.request
+        text = req.instruction.strip()
+        with self._lock:
+            if not self._active:  # deactivated between the goal's check and its acceptance
+                inactive = Episode(0, text, goal, 0, None)
+            else:
+                inactive = None
+                old = self._episode
+                self._episode = self._new_episode(text, goal, int(req.max_steps), float(req.timeout_s))
+        if inactive is not None:
+            self._log.warning(f"~/run_task goal {quote(text)} ended at once: the node is not active")
+            self._finish(inactive, "deactivated")
+            return
+        limits = (f"{req.max_steps} steps" if req.max_steps else "no step limit") + (
+            f", {req.timeout_s:g} s" if req.timeout_s > 0 else "")  # fmt: skip
+        self._log.info(f"~/run_task goal: {quote(text)} ({limits})")
+        self._finish(old, "preempted")
+
+    def _on_cancel(self, goal: Any) -> Any:
+        """Accept every cancel: the goal's commands stop here, before the cancel is answered."""
+        from rclpy.action import CancelResponse
+
+        with self._lock:
+            ours = self._episode is not None and self._episode.goal == goal
+        if ours:
+            self._end("canceled")
+        return CancelResponse.ACCEPT
+
+    # ------------------------------------------------------------------ services
+    def _on_enable(self, request: Any, response: Any) -> Any:
+        ok, reason = self._enable(bool(request.data))
+        response.success = ok
+        if not ok:
+            response.message = reason
+        elif request.data:
+            response.message = "commanding enabled" + ("" if self.commanding == "commanding" else
+                                                       " (takes effect when the node is active)")  # fmt: skip
+        else:
+            response.message = "commanding disabled: dry run, DecodeStats only"
+        return response
+
+    def _on_reset(self, request: Any, response: Any) -> Any:
+        running = self.current() is not None
+        started = self._end("reset", follow=self._config().after_episode)
+        response.success = True
+        if not running:
+            response.message = "no episode was running"
+        else:
+            response.message = ("episode ended; the next one started" if started
+                                else "episode ended; waiting for a new goal or instruction")  # fmt: skip
+        return response
