@@ -33,7 +33,8 @@ def markdown(report: dict[str, Any]) -> str:
     meta = report["_meta"]
     methods = [m for m in report if not m.startswith("_")]
     out = _md_header(meta) + _md_methods(report, methods, meta.get("bootstrap", {}))
-    out += _md_tasks(report, methods) + _md_modes(report, methods) + _md_latency(meta["retrieval_latency_ms"])
+    out += _md_tasks(report, methods) + _md_modes(report, methods) + _md_boundary(report, methods)
+    out += _md_latency(meta["retrieval_latency_ms"])
     out += _md_targets(meta["acceptance"]) + FOOTNOTE
     return "\n".join(out)
 
@@ -119,6 +120,28 @@ def _md_modes(report: dict[str, Any], methods: list[str]) -> list[str]:
     return out
 
 
+def _md_boundary(report: dict[str, Any], methods: list[str]) -> list[str]:
+    """Where the steps of the methods that compute the fused metric F went, by side of the run's boundary."""
+    rows = {m: report[m]["boundary"] for m in methods if report[m].get("boundary")}
+    if not rows:
+        return []
+    tau = next(iter(rows.values()))["tau"]
+    out = ["", (f"Steps by side of the run's kinematic boundary tau = {tau:.4g} (F below it drafts; at or above it "
+                "retrieves unless the source choice routes the step away; a variant that sets its own tau is "
+                "still split at this one):"), "",
+           "| method | steps | no window | F < tau: drafter / retrieval / skip | F >= tau: drafter / retrieval / skip |",
+           "|---|---|---|---|---|"]
+
+    def cell(counts: dict[str, int], n: int) -> str:
+        return " / ".join(f"{counts.get(m, 0) / n:.0%}" for m in ("drafter", "retrieval", "skip"))
+
+    for m, b in rows.items():
+        n = b["steps"] or 1
+        out.append(f"| {m} | {b['steps']} | {sum(b['no_window'].values()) / n:.0%} | {cell(b['below_tau'], n)} | "
+                   f"{cell(b['at_or_above_tau'], n)} |")
+    return out
+
+
 def _dist(v: dict[str, Any]) -> str:
     return (f"mean {_f(v.get('mean'), '.2f')} ms, median {_f(v.get('median'), '.2f')} ms, "
             f"p95 {_f(v.get('p95'), '.2f')} ms, p99 {_f(v.get('p99'), '.2f')} ms")
@@ -144,7 +167,7 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
         lo, hi = acc.get(f"{name}_success_rate_ci95") or (None, None)
         return f"{name} {_f(acc[f'{name}_success_rate'], '.0%')} ({_f(lo, '.0%')}-{_f(hi, '.0%')})"
 
-    return ["", "Targets (heisd vs ar, same run):", "",
+    out = ["", "Targets (heisd vs ar, same run):", "",
             (f"- success within 5 points of ar: {yes[acc['success_within_5_points']]} ({rate('ar')}, {rate('heisd')})"
              + ("" if acc.get("success_comparison_meaningful", True) else
                 " -- vacuous: neither method solved an episode")),
@@ -154,3 +177,10 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
              f"({_f(acc['heisd_p95_speedup_vs_ar'])}x)"),
             (f"- accept length (the paper's) >= 4.5 tokens per cycle: {yes[acc['accept_length_at_least_4.5']]} "
              f"({_f(acc['heisd_accept_length'])})")]
+    w = acc.get("heisd_steps_by_source")
+    if w and not (acc["speedup_at_least_2.5x"] and acc["p95_speedup_at_least_1.5x"]):
+        out.append(f"- where heisd's steps went (the speed follows the mode mix and the per-mode costs above): drafter "
+                   f"{w['drafter_below_tau']:.0%} below tau, {w['drafter_at_or_above_tau']:.0%} at or above it "
+                   f"(routed away by the source choice), {w['drafter_no_window']:.0%} before a full window; "
+                   f"retrieval {w['retrieval']:.0%}, skip {w['skip']:.0%}")
+    return out

@@ -256,6 +256,20 @@ def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, A
     }
 
 
+def boundary_mix(steps: list[dict[str, Any]], tau: float) -> dict[str, Any] | None:
+    """Where the steps of a method that computes the fused metric went, against the kinematic
+    boundary `tau` of the run: step counts by side of the boundary (F below tau, at or above it, no
+    full window yet) and mode. None for a method whose steps carry no F (the baselines)."""
+    if not any(s.get("F") is not None for s in steps):
+        return None
+    sides: dict[str, Counter] = {"no_window": Counter(), "below_tau": Counter(), "at_or_above_tau": Counter()}
+    for s in steps:
+        f = s.get("F")
+        side = "no_window" if f is None else ("below_tau" if f < tau else "at_or_above_tau")
+        sides[side][s["mode"]] += 1
+    return {"tau": tau, "steps": len(steps), **{k: dict(sorted(v.items())) for k, v in sides.items()}}
+
+
 def _key(e: dict[str, Any]) -> tuple[int, int]:
     return (e["task"], e["init_state"])
 
@@ -307,6 +321,17 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
     episodes = list(episodes)
     by_method = {m: [e for e in episodes if e["method"] == m] for m in methods}
     report: dict[str, Any] = {m: summarise_method(m, eps) for m, eps in by_method.items()}
+    key = meta.get("model", {})
+    tau = key.get("decoder_config", {}).get("fused_metric", {}).get("tau")
+    # heisd and its variants ("name=heisd:section.field=value,..."): the methods the boundary routes
+    hybrid = {"heisd"} | {v.split("=", 1)[0] for v in key.get("variants", []) if v.split("=", 1)[-1].startswith("heisd:")}
+    if tau is not None:  # the run's calibrated boundary (a variant may decode with its own)
+        for m, eps in by_method.items():
+            if m not in hybrid:
+                continue
+            mix = boundary_mix([s for e in eps for s in e["steps"]], float(tau))
+            if mix is not None:
+                report[m]["boundary"] = mix
     ar_pairs = {_key(e): e for e in by_method.get("ar", [])}
     all_paired = True
     for m, r in report.items():
@@ -342,6 +367,14 @@ def acceptance(report: dict[str, Any]) -> dict[str, Any]:
     if not h or not ar or not h["steps"] or not ar["steps"]:
         return {"evaluated": False, "why": "needs both ar and heisd in the run"}
     gap = 100.0 * (ar["success_rate"] - h["success_rate"])
+    where: dict[str, float] = {}
+    b = h.get("boundary")
+    if b and b["steps"]:  # why a speed target is missed starts with where the steps went
+        n = b["steps"]
+        where = {"drafter_below_tau": b["below_tau"].get("drafter", 0) / n,
+                 "drafter_at_or_above_tau": b["at_or_above_tau"].get("drafter", 0) / n,
+                 "drafter_no_window": b["no_window"].get("drafter", 0) / n,
+                 "retrieval": h["mode_mix"].get("retrieval", 0.0), "skip": h["mode_mix"].get("skip", 0.0)}
     return {
         "evaluated": True,
         "success_comparison_meaningful": ar["successes"] + h["successes"] > 0,
@@ -358,4 +391,5 @@ def acceptance(report: dict[str, Any]) -> dict[str, Any]:
         "p95_speedup_at_least_1.5x": h["p95_speedup_vs_ar"] >= TARGETS["p95_speedup_vs_ar"],
         "heisd_accept_length": h["accept_length"],
         "accept_length_at_least_4.5": h["accept_length"] >= TARGETS["accept_length"],
+        "heisd_steps_by_source": where,
     }

@@ -187,3 +187,29 @@ def test_timed_store_records_searches() -> None:
     assert ts.search(None, "t", 5) == [5] and ts.has_task("t")
     ts.close()
     assert len(ts.search_ms) == 1 and ts.last_k == 5
+
+
+def test_heisd_steps_split_by_the_runs_boundary() -> None:
+    """The report says where heisd's (and its variants') steps went against the run's tau, and the
+    targets section points there when a speed target is missed; baselines get no such row."""
+    eps = _run()
+    h0 = eps[1]["steps"]
+    h0[0]["F"] = 0.1  # drafter below tau
+    eps[3]["steps"][0]["F"] = None  # an ar-like step copied into heisd: no window yet
+    variant = [dict(s, F=0.7) for s in h0]
+    eps.append(_episode("heisd_tau0", 0, 40, True, variant))
+    meta = {"model": {"decoder_config": {"fused_metric": {"tau": 0.5}},
+                      "variants": ["heisd_tau0=heisd:fused_metric.tau=0"]}}
+    report = build_report(eps, ["ar", "heisd", "heisd_tau0"], meta)
+    b = report["heisd"]["boundary"]
+    # heisd: drafter(0.1) retrieval skip retrieval | ar(None) ar(0.6) skip retrieval
+    assert b["steps"] == 8 and b["below_tau"] == {"drafter": 1} and b["no_window"] == {"ar": 1}
+    assert b["at_or_above_tau"] == {"ar": 1, "retrieval": 3, "skip": 2}
+    assert report["heisd_tau0"]["boundary"]["at_or_above_tau"] == {"drafter": 1, "retrieval": 2, "skip": 1}
+    assert "boundary" not in report["ar"]
+    where = report["_meta"]["acceptance"]["heisd_steps_by_source"]
+    assert where["drafter_below_tau"] == pytest.approx(1 / 8) and where["skip"] == pytest.approx(2 / 8)
+    text = markdown(report)
+    assert "| heisd | 8 | 12% | 12% / 0% / 0% | 0% / 38% / 25% |" in text
+    assert "- where heisd's steps went" in text and "drafter 12% below tau" in text
+    assert "boundary" not in build_report(_run(), ["ar", "heisd"], {})["heisd"]  # no tau in the run key
