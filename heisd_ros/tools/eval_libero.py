@@ -159,6 +159,9 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     if cfg.variants or cfg.purpose != "evaluation":  # logs of plain evaluations keep their earlier key
         key.update(purpose=cfg.purpose, variants=[v.describe() for v in cfg.variants])
     log = ResultLog(cfg.log_path, key)
+    # First, so that a process stopped before its `session` line still names its revision.
+    log.append({"kind": "session_start", "command": command, "git_rev": git_revision(),
+                "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     for rec in log.episodes:  # resume: the thresholds an uninterrupted run would have now
         if rec["method"] in pol.decoders:
             pol.decoders[rec["method"]].episode_feedback(rec["success"])
@@ -253,6 +256,7 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
                      "in log order"),
         "model": key, "log": str(log.path),
         "invocations": [{k: v for k, v in sess.items() if k != "probe_top5_ms"} for sess in log.sessions],
+        "stopped_invocations": list(getattr(log, "stopped", [])),
         "db_points": next((x["db_points"] for x in reversed(log.sessions) if x.get("db_points") is not None), None),
         "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "nice": os.nice(0), "loadavg": list(os.getloadavg()),

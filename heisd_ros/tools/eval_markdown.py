@@ -46,6 +46,11 @@ def _md_header(meta: dict[str, Any]) -> list[str]:
     if runs:  # the invocations that ran the episodes (one per shard), in log order
         out += ["Episodes run by:", ""] + [f"- `{x['command']}` ({x['episodes_run']} episodes, git "
                                           f"`{str(x.get('git_rev', ''))[:10]}`)" for x in runs] + [""]
+    stopped = meta.get("stopped_invocations", [])
+    if stopped:  # processes stopped before their end line; their finished episodes are in the log
+        out += ["Stopped before their end (their finished episodes are in the log):", ""] + [
+            f"- `{x.get('command', '')}` ({x.get('episodes_logged', 0)} episodes, git `{str(x.get('git_rev', ''))[:10]}`, "
+            f"started {x.get('time_utc', '?')})" for x in stopped] + [""]
     out += [(f"Subset: tasks {meta.get('tasks')}, init states {meta.get('init_states')} "
              f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
              f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "

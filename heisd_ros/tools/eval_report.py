@@ -105,6 +105,22 @@ class ResultLog:
     def _keep(self, records: list[dict[str, Any]]) -> None:
         self.episodes = [r for r in records if r.get("kind") == "episode"]
         self.sessions = [r for r in records if r.get("kind") == "session"]
+        # A process writes `session_start` first and its `session` line last: a start followed by
+        # another start (or the end of the log) was stopped; its episodes are still in the log.
+        self.stopped: list[dict[str, Any]] = []
+        open_start: dict[str, Any] | None = None
+        for r in records:
+            kind = r.get("kind")
+            if kind == "session_start":
+                if open_start is not None:
+                    self.stopped.append(open_start)
+                open_start = {**r, "episodes_logged": 0}
+            elif kind == "session":
+                open_start = None
+            elif kind == "episode" and open_start is not None:
+                open_start["episodes_logged"] += 1
+        if open_start is not None:
+            self.stopped.append(open_start)
 
     def _load(self) -> None:
         lines = self.path.read_text().splitlines()

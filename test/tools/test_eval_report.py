@@ -213,3 +213,22 @@ def test_heisd_steps_split_by_the_runs_boundary() -> None:
     assert "| heisd | 8 | 12% | 12% / 0% / 0% | 0% / 38% / 25% |" in text
     assert "- where heisd's steps went" in text and "drafter 12% below tau" in text
     assert "boundary" not in build_report(_run(), ["ar", "heisd"], {})["heisd"]  # no tau in the run key
+
+
+def test_a_process_stopped_before_its_end_line_still_names_its_revision(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    log = ResultLog(path, {"max_steps": 5})
+    run = _run()
+    log.append({"kind": "session_start", "command": "shard a", "git_rev": "aaaa"})
+    log.append(run[0])
+    log.append(run[1])  # killed here: no session line
+    log.append({"kind": "session_start", "command": "shard a, resumed", "git_rev": "bbbb"})
+    log.append(run[2])
+    log.append({"kind": "session", "command": "shard a, resumed", "git_rev": "bbbb", "episodes_run": 1})
+    log.append({"kind": "session_start", "command": "shard a, again", "git_rev": "cccc"})  # killed at once
+    stopped = ResultLog.read(path).stopped
+    assert [(x["git_rev"], x["episodes_logged"]) for x in stopped] == [("aaaa", 2), ("cccc", 0)]
+    meta = {"stopped_invocations": stopped, "invocations": ResultLog.read(path).sessions}
+    text = markdown(build_report(run[:3], ["ar", "heisd"], meta))
+    assert "- `shard a` (2 episodes, git `aaaa`" in text and "Stopped before their end" in text
+    assert "- `shard a, resumed` (1 episodes, git `bbbb`)" in text
