@@ -10,8 +10,8 @@
 Both return the episodes' actions in the policy's convention (delta m / rad per step, gripper -1
 open / +1 close) and their end-effector positions, to check what a reader gives back.
 
-Not a test module: the tests import it by path (pytest's importlib mode puts no test folder on
-sys.path).
+Not a test module: the tests `import recordings` (pytest.ini puts test/pipeline on sys.path; its
+importlib mode puts no test folder there by itself).
 """
 
 from __future__ import annotations

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,25 +15,15 @@ from heisd_ros.pipeline.lerobot_dataset import Column, LeRobotLayout, LeRobotRea
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
-REPO = Path(__file__).resolve().parents[2]
+import recordings  # noqa: E402  test/pipeline/recordings.py (pytest.ini: pythonpath)
 T = 7
 MAP = ("observation.images.front=agentview,observation.images.wrist=wrist,observation.state[0:3]=pose,"
        "observation.state[6,7]=fingers")
 
 
-def _recordings():
-    name = "heisd_test_recordings"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "test" / "pipeline" / "recordings.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="module", params=["v3.0", "v2.1"])
 def dataset(request, tmp_path_factory):
-    rec = _recordings()
+    rec = recordings
     demos = [rec.make_demo(s, T + s) for s in range(3)]  # episodes of different lengths
     root = tmp_path_factory.mktemp("lerobot") / f"ds_{request.param}"
     rec.write_lerobot_dataset(root, demos, ["open the drawer", "close the drawer", "open the drawer"], request.param)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,22 +11,12 @@ from heisd_ros.pipeline.action_convention import ActionConvention, DemoDataError
 from heisd_ros.pipeline.bags import BagWriter, arm_command_msg, compressed_image_msg, header, pose_msg, read_messages
 from heisd_ros.pipeline.teleop_bags import BagReading, TopicMap, episode_number, load_bag_episode, scan_bags
 
-REPO = Path(__file__).resolve().parents[2]
+import recordings  # noqa: E402  test/pipeline/recordings.py (pytest.ini: pythonpath)
 T = 6
 TELEOP_MAP = ("/cam_high/image_raw=agentview,/cam_wrist/image_raw=wrist,/ee_pose=pose,/joint_states=fingers,"
               "/teleop/cmd=action,/gripper=gripper")
 TELEOP = BagReading(TopicMap.parse(TELEOP_MAP), instruction="stack the blocks", twist_linear_scale=10.0,
                     twist_angular_scale=10.0, convention=ActionConvention(True, (0.0, 1.0)))
-
-
-def _recordings():
-    name = "heisd_test_recordings"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "test" / "pipeline" / "recordings.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def test_topic_map_parses_roles_and_refuses_bad_maps() -> None:
@@ -45,7 +33,7 @@ def test_topic_map_parses_roles_and_refuses_bad_maps() -> None:
 
 
 def test_twist_recording_gives_the_policys_actions(tmp_path) -> None:
-    rec = _recordings()
+    rec = recordings
     demo = rec.make_demo(5, T)
     rec.write_teleop_bag(tmp_path / "task" / "take_1", demo)
     ep = load_bag_episode(tmp_path / "task" / "take_1", "d", TELEOP)
@@ -103,7 +91,7 @@ def test_a_step_without_its_image_is_dropped(tmp_path) -> None:
 
 
 def test_the_gripper_is_held_between_its_messages_and_steps_before_it_are_dropped(tmp_path) -> None:
-    rec = _recordings()
+    rec = recordings
     demo = rec.make_demo(7, T)
     rec.write_teleop_bag(tmp_path / "late", demo, start_ns=2_000_000_000)
     with BagWriter(tmp_path / "held") as bag:  # the same recording, its first gripper message 0.15 s late

@@ -10,12 +10,10 @@ centre crop and the statistics key as run-time choices, and the caches' keys.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +21,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("h5py")
+
+import recordings  # noqa: E402  test/pipeline/recordings.py (pytest.ini: pythonpath)
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "openvla.md"
@@ -39,16 +39,6 @@ SMALL = {"train-drafter": ["--steps", "4", "--batch-size", "4", "--engine-steps"
          "bench": ["--steps", "6", "--warmup", "1"]}
 ONE_CAMERA = ("/front_cam/image_raw", "/arm/ee_pose", "/task", "/arm/command")
 ONE_CAMERA_MAP = "/front_cam/image_raw=agentview,/arm/ee_pose=pose,/task=instruction,/arm/command=action"
-
-
-def _recordings():
-    name = "heisd_test_recordings"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "test" / "pipeline" / "recordings.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def section() -> str:
@@ -89,7 +79,7 @@ def write_sources(root: Path) -> list:
     from heisd_ros.pipeline.bags import BagTopics
     from heisd_ros.sim.recorder import Hdf5DemoWriter, export_mcap
 
-    rec = _recordings()
+    rec = recordings
     demos = root / "libero_spatial"
     attrs = {"instruction": INSTRUCTION, "suite": "libero_spatial", "task_index": 0, "task_name": TASK_NAME,
              "problem_info": {}}

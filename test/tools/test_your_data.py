@@ -9,11 +9,9 @@ the recorded actions in the policy's convention.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,8 @@ import yaml
 pytest.importorskip("pyarrow")
 pytest.importorskip("av")
 
+import recordings  # noqa: E402  test/pipeline/recordings.py (pytest.ini: pythonpath)
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "your_data.md"
 INSTRUCTION = "put the cup on the plate"
@@ -30,16 +30,6 @@ T = 8
 SMALL = {"build-db": ["--latency-queries", "5", "--no-progress"],
          "train-drafter": ["--steps", "2", "--batch-size", "4", "--engine-steps", "2", "--no-progress"],
          "calibrate": ["--no-progress"]}
-
-
-def _recordings():
-    name = "heisd_test_recordings"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "test" / "pipeline" / "recordings.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def doc_blocks(lang: str) -> list[str]:
@@ -77,7 +67,7 @@ def workspace(tmp_path_factory) -> dict:
     from heisd_ros.models.loader import tiny_vla
     from heisd_ros.tools import cli
 
-    rec = _recordings()
+    rec = recordings
     root = tmp_path_factory.mktemp("your_data")
     bag_demos = [rec.make_demo(s, T) for s in (0, 1)]
     lerobot_demos = [rec.make_demo(s, T) for s in (2, 3)]
