@@ -22,6 +22,17 @@ def random_demo_points(n: int, obs_dim: int, feat_dim: int, first_token: int, ta
 
 
 @pytest.fixture(scope="module")
+def ctx(request):
+    """An rclpy context of the test module's own, on its DOMAIN_ID (modules run apart on the wire)."""
+    import rclpy
+
+    c = rclpy.Context()
+    rclpy.init(context=c, domain_id=request.module.DOMAIN_ID)
+    yield c
+    rclpy.shutdown(context=c)
+
+
+@pytest.fixture(scope="module")
 def untrained_policy(tmp_path_factory):
     """model/ drafter/ db/ calibration.json of an untrained tiny policy. The calibration puts every
     step in retrieval mode with verify-skip off, so every step runs the language model."""

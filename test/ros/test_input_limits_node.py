@@ -158,14 +158,6 @@ class Rig:
 
 
 @pytest.fixture(scope="module")
-def ctx():
-    c = rclpy.Context()
-    rclpy.init(context=c, domain_id=DOMAIN_ID)
-    yield c
-    rclpy.shutdown(context=c)
-
-
-@pytest.fixture(scope="module")
 def rig(ctx):
     r = Rig(ctx)
     yield r

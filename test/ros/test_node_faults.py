@@ -139,14 +139,6 @@ class Rig:
         return pred()
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = rclpy.Context()
-    rclpy.init(context=c, domain_id=DOMAIN_ID)
-    yield c
-    rclpy.shutdown(context=c)
-
-
 @pytest.fixture
 def rig(ctx):
     r = Rig(ctx)

@@ -69,14 +69,6 @@ def _copy(files: Path, tmp_path: Path) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = rclpy.Context()
-    rclpy.init(context=c, domain_id=DOMAIN_ID)
-    yield c
-    rclpy.shutdown(context=c)
-
-
 def _start(ctx, name: str, **params) -> PolicyNode:
     return PolicyNode(context=ctx, node_name=name, parameter_overrides=[Parameter(k, value=v) for k, v in params.items()])
 

@@ -28,14 +28,6 @@ DOMAIN_ID = 78
 TASK = "pick up the red bowl"
 
 
-@pytest.fixture(scope="module")
-def ctx():
-    c = rclpy.Context()
-    rclpy.init(context=c, domain_id=DOMAIN_ID)
-    yield c
-    rclpy.shutdown(context=c)
-
-
 @pytest.fixture
 def keep_torch_threads():
     before = torch.get_num_threads()
