@@ -28,6 +28,11 @@ def require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def topic_ok(name: str) -> bool:
+    """A topic name a config may hold: non-empty, no whitespace, no empty segment (rclpy checks the rest)."""
+    return bool(name) and not any(c.isspace() for c in name) and "//" not in name
+
+
 @dataclass(frozen=True)
 class AcceptanceConfig:
     """Thresholds of the acceptance rules, in action bins (docs/design.md §7)."""

@@ -44,17 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from heisd_ros.core.config import require
+from heisd_ros.core.config import require, topic_ok
 from heisd_ros.core.errors import InvalidObservationError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
-from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, gripper_command
+from heisd_ros.core.types import GRIPPER_INDEX, gripper_command
+from heisd_ros.ros.conversions import check_action, header_msg
 
 ROTATION_FORMATS = ("axis_angle", "rpy")
 WORKSPACE_ACTIONS = ("clip", "reject")
-
-
-def _topic_ok(name: str) -> bool:
-    return bool(name) and not any(c.isspace() for c in name) and "//" not in name
 
 
 def _finite_positive(values: Sequence[float]) -> bool:
@@ -114,7 +111,7 @@ class ArmOutputsConfig:
     def __post_init__(self) -> None:
         for name in ("twist_topic", "pose_target_topic", "gripper_trajectory_topic", "gripper_positions_topic"):
             topic = getattr(self, name)
-            require(_topic_ok(topic), f"arm_outputs.{name}: invalid topic name {topic!r}")
+            require(topic_ok(topic), f"arm_outputs.{name}: invalid topic name {topic!r}")
         require(_finite_positive((self.position_unit_m, self.rotation_unit_rad)),
                 "arm_outputs.position_unit_m and rotation_unit_rad must be finite and > 0")  # fmt: skip
         require(self.rotation_format in ROTATION_FORMATS, f"arm_outputs.rotation_format must be one of "
@@ -224,9 +221,7 @@ class Step:
 
 def requested_motion(action: np.ndarray, cfg: ArmOutputsConfig) -> tuple[np.ndarray, np.ndarray]:
     """(translation [3] m, rotation vector [3] rad) the action asks for, before any limit."""
-    a = np.asarray(action, dtype=np.float64).reshape(-1)
-    if a.shape != (ACTION_DIM,) or not np.all(np.isfinite(a)):
-        raise InvalidObservationError(f"expected a finite action of {ACTION_DIM} values, got {a.tolist()}")
+    a = check_action(action)
     translation = a[0:3] * cfg.position_unit_m
     rotation = a[3:6] * cfg.rotation_unit_rad
     if cfg.rotation_format == "rpy":
@@ -275,19 +270,11 @@ def gripper_positions(action: np.ndarray, cfg: ArmOutputsConfig) -> tuple[float,
 # messages
 
 
-def _header(stamp_s: float, frame_id: str) -> Any:
-    from std_msgs.msg import Header
-
-    from heisd_ros.ros.conversions import s_to_stamp
-
-    return Header(stamp=s_to_stamp(stamp_s), frame_id=frame_id)
-
-
 def twist_message(step: Step, period_s: float, stamp_s: float, frame_id: str) -> Any:
     """TwistStamped moving the arm by `step` in one control period: linear = t / T, angular = r / T."""
     from geometry_msgs.msg import TwistStamped
 
-    msg = TwistStamped(header=_header(stamp_s, frame_id))
+    msg = TwistStamped(header=header_msg(stamp_s, frame_id))
     v, w = step.translation_m / period_s, step.rotvec_rad / period_s
     msg.twist.linear.x, msg.twist.linear.y, msg.twist.linear.z = (float(x) for x in v)
     msg.twist.angular.x, msg.twist.angular.y, msg.twist.angular.z = (float(x) for x in w)
@@ -298,7 +285,7 @@ def pose_message(position_m: Sequence[float], quat: Sequence[float], stamp_s: fl
     """PoseStamped of a target position [3] and quaternion [4] (x, y, z, w)."""
     from geometry_msgs.msg import PoseStamped
 
-    msg = PoseStamped(header=_header(stamp_s, frame_id))
+    msg = PoseStamped(header=header_msg(stamp_s, frame_id))
     msg.pose.position.x, msg.pose.position.y, msg.pose.position.z = (float(v) for v in position_m)
     o = msg.pose.orientation
     o.x, o.y, o.z, o.w = (float(v) for v in quat)
@@ -315,7 +302,7 @@ def gripper_trajectory_message(positions: Sequence[float], stamp_s: float, frame
     ns = round(cfg.gripper_motion_time_s * 1e9)
     reach = Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
     point = JointTrajectoryPoint(positions=[float(v) for v in positions], time_from_start=reach)
-    return JointTrajectory(header=_header(stamp_s, frame_id), joint_names=list(cfg.gripper_joint_names),
+    return JointTrajectory(header=header_msg(stamp_s, frame_id), joint_names=list(cfg.gripper_joint_names),
                            points=[point])  # fmt: skip
 
 
@@ -362,10 +349,11 @@ def arm_messages(action: np.ndarray, pose: Any, period_s: float, stamp_s: float,
                 twist = twist_message(step, period_s, stamp_s, frame_id)
             if cfg.publish_pose_target:
                 target = pose_message(*target_pose(position, quat, step), stamp_s, frame_id)
-    fingers = gripper_positions(action, cfg)
     trajectory = array = None
-    if cfg.publish_gripper_trajectory:
-        trajectory = gripper_trajectory_message(fingers, stamp_s, frame_id, cfg)
-    if cfg.publish_gripper_positions:
-        array = gripper_array_message(fingers)
+    if cfg.publish_gripper_trajectory or cfg.publish_gripper_positions:
+        fingers = gripper_positions(action, cfg)
+        if cfg.publish_gripper_trajectory:
+            trajectory = gripper_trajectory_message(fingers, stamp_s, frame_id, cfg)
+        if cfg.publish_gripper_positions:
+            array = gripper_array_message(fingers)
     return ArmMessages(twist, target, trajectory, array, clipped, note)

@@ -329,7 +329,8 @@ def clip_action(action: np.ndarray, max_abs: Sequence[float]) -> np.ndarray:
     return np.clip(np.asarray(action, dtype=np.float64), -bound, bound)
 
 
-def _header(stamp_s: float, frame_id: str) -> Any:
+def header_msg(stamp_s: float, frame_id: str) -> Any:
+    """std_msgs/Header stamped `stamp_s` (seconds) in `frame_id`."""
     from std_msgs.msg import Header
 
     return Header(stamp=s_to_stamp(stamp_s), frame_id=frame_id)
@@ -343,7 +344,7 @@ def to_arm_command(
 
     a = check_action(action)
     msg = ArmCommand()
-    msg.header = _header(stamp_s, frame_id)
+    msg.header = header_msg(stamp_s, frame_id)
     msg.step_id = int(step_id)
     msg.delta_position = [float(v) for v in a[0:3]]
     msg.delta_rotation = [float(v) for v in a[3:6]]
@@ -365,7 +366,7 @@ def to_decode_stats(stats: StepStats, stamp_s: float, frame_id: str, step_id: in
 
     lat = stats.latency_ms
     msg = DecodeStats()
-    msg.header = _header(stamp_s, frame_id)
+    msg.header = header_msg(stamp_s, frame_id)
     msg.step_id = int(step_id)
     msg.method = stats.method
     msg.mode = stats.mode

@@ -29,14 +29,10 @@ from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.ros.arm_outputs import ARM_OUTPUTS_DYNAMIC, ArmOutputsConfig
 from heisd_ros.ros.input_limits import InputLimits
-from heisd_ros.core.config import require
+from heisd_ros.core.config import require, topic_ok
 
 
 INSTRUCTION_DURABILITIES, AFTER_EPISODE = ("volatile", "transient_local"), ("stop", "continue")
-
-
-def _topic_ok(name: str) -> bool:
-    return bool(name) and not any(c.isspace() for c in name) and "//" not in name
 
 
 @dataclass(frozen=True)
@@ -141,7 +137,7 @@ class NodeConfig:
                                       self.episode_result_topic,
                                       self.command_topic, self.stats_topic)  # fmt: skip
         for t in topics:
-            require(_topic_ok(t), f"invalid topic name {t!r}")
+            require(topic_ok(t), f"invalid topic name {t!r}")
         require(math.isfinite(self.control_rate_hz) and 0.0 < self.control_rate_hz <= 1000.0,
                  f"control_rate_hz must be in (0, 1000], got {self.control_rate_hz}")  # fmt: skip
         for name in ("image_staleness_s", "pose_staleness_s", "diagnostics_period_s"):

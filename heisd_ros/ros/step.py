@@ -219,20 +219,18 @@ class StepRunner:
     def _publish(self, job: Job, action: np.ndarray, stats: StepStats, n: NodeConfig) -> None:
         clipped = conv.clip_action(action, n.max_abs_action)
         self._step_id += 1
-        limited, sent, commanding = False, None, False
+        sent = None
         latency_s = float("nan")
         try:
             with self._gate.hold(job.episode) as commanding:  # the one gate of every actuator output
                 if commanding:
                     sent = self._outputs.publish_command(clipped, stats, job.synced.stamp_s, self._step_id,
                                                          job.synced.pose.data, n)  # fmt: skip
-            if sent is not None:
-                if sent.note:
-                    self._status.report("workspace", WARN, sent.note)
-                limited = sent.clipped
+            if sent is not None and sent.note:
+                self._status.report("workspace", WARN, sent.note)
             self._outputs.publish_stats(stats, job.synced.stamp_s, self._step_id, n)
             latency_s = self._clock_s() - job.synced.image_stamp_s
-            self._status.published(latency_s, float(stats.latency_ms.get("total", 0.0)), stats.mode,
-                                   clipped=limited or not np.array_equal(clipped, action))  # fmt: skip
+            limited = (sent is not None and sent.clipped) or not np.array_equal(clipped, action)
+            self._status.published(latency_s, float(stats.latency_ms.get("total", 0.0)), stats.mode, clipped=limited)
         finally:  # a decoded step counts towards its goal's step limit even when publishing failed
-            self._gate.stepped(job.episode, stats, latency_s, commanding and sent is not None)
+            self._gate.stepped(job.episode, stats, latency_s, sent is not None)
