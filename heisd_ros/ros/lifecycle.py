@@ -154,16 +154,18 @@ class ManagedPolicy:
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._task.deactivate("shutdown")
-        self._stop_control_timer()
-        self._close_session()
+        self._teardown("shutdown")
         return TransitionCallbackReturn.SUCCESS
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._task.deactivate("error")
+        self._teardown("error")
+        return TransitionCallbackReturn.SUCCESS  # back to unconfigured
+
+    def _teardown(self, reason: str) -> None:
+        """Gate closed first (the running episode ends for `reason`), then the timer and the session."""
+        self._task.deactivate(reason)
         self._stop_control_timer()
         self._close_session()
-        return TransitionCallbackReturn.SUCCESS  # back to unconfigured
 
     def _stop_control_timer(self) -> None:
         timer = self.__dict__.pop("_control_timer", None)
