@@ -207,6 +207,7 @@ class LiberoEnv:
         if not 0 <= init_state_index < self.num_init_states:
             raise ConfigError(f"init state {init_state_index} outside [0, {self.num_init_states})")
         self._env.reset()
+        self._forget_gripper_command()
         self._env.set_init_state(self.init_states[init_state_index])
         if perturb_xy_m > 0:
             self._perturb_objects(perturb_xy_m, np.random.default_rng(seed))
@@ -214,6 +215,19 @@ class LiberoEnv:
         for _ in range(self.config.settle_steps):
             self._env.step(noop)
         return self.observe()
+
+    def _forget_gripper_command(self) -> None:
+        """Give every gripper the command state of a freshly built one.
+
+        robosuite's grippers integrate the gripper action (`current_action`, 0.01 of the range per
+        step) in the gripper model object, which only a hard reset rebuilds. Without this, an
+        episode started where the last one ended with the hand closed: the settle steps and the
+        first ~100 steps of "open" commands still hold it nearly closed, so an episode's start
+        depended on which episodes this env ran before."""
+        for robot in self._env.env.robots:
+            gripper = getattr(robot, "gripper", None)
+            if gripper is not None and hasattr(gripper, "current_action"):
+                gripper.current_action = np.zeros(gripper.dof)
 
     def step(self, action: np.ndarray, render: bool = True) -> tuple[SimObservation, bool]:
         """Apply one 7-D action; returns the next observation and whether the task is solved."""

@@ -57,6 +57,26 @@ def test_env_observation_and_expert_progress(env: LiberoEnv) -> None:
     np.testing.assert_array_equal(env.get_state(), state)
 
 
+def test_reset_does_not_depend_on_the_episodes_before(env: LiberoEnv) -> None:
+    """An init state observed after an episode that closed the hand equals that init state observed
+    in a freshly built env: images, pose and fingers bit for bit (robosuite's soft reset keeps the
+    gripper's integrated command unless the env clears it)."""
+    fresh = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=0, camera_size_px=64))
+    try:
+        first = fresh.reset(1)
+    finally:
+        fresh.close()
+    env.reset(0)
+    close_and_lower = np.array([0, 0, -0.5, 0, 0, 0, 1.0])
+    for _ in range(40):
+        env.step(close_and_lower, render=False)
+    again = env.reset(1)
+    np.testing.assert_array_equal(again.gripper_qpos, first.gripper_qpos)
+    np.testing.assert_array_equal(again.ee_pos, first.ee_pos)
+    for view in first.images:
+        np.testing.assert_array_equal(again.images[view], first.images[view])
+
+
 def test_record_episode_short_is_not_kept(env: LiberoEnv) -> None:
     ep = record_episode(env, WaypointExpert(), 1, seed=1, max_steps=12)
     assert not ep.success and ep.length == 12 and ep.images == {}
