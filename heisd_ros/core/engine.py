@@ -117,15 +117,6 @@ class _StepDecode:
         return self.drafter.expand(root, depth, cfg, action_index=len(self.tokens))
 
 
-def nearest_in_position(hits: list[Hit], ee_pos: np.ndarray, k: int) -> list[Hit]:
-    """The `k` hits whose recorded end-effector position is nearest `ee_pos`, nearest first (a stable
-    sort: equally near hits keep their similarity order)."""
-    if not hits:
-        return []
-    distance = np.linalg.norm(np.stack([np.asarray(h.ee_pos, dtype=np.float64) for h in hits]) - ee_pos, axis=1)
-    return [hits[i] for i in np.argsort(distance, kind="stable")[:k]]
-
-
 class HybridDecoder:
     """`step(observation) -> (action, StepStats)` for one of the methods in `config.METHODS`.
 
@@ -182,7 +173,13 @@ class HybridDecoder:
         self.gripper.reset()
 
     def episode_feedback(self, success: bool) -> None:
+        """Alg. 1's online stage: the episode's result moves the verify-skip thresholds."""
         self.skip.feedback(bool(success))
+
+    def restore_operating_point(self) -> None:
+        """Undo every episode feedback: the verify-skip thresholds the configuration gives (an
+        evaluation starts each episode here, so no episode depends on the ones before it)."""
+        self.skip.restore_configured()
 
     def close(self) -> None:
         """Release the database (embedded Qdrant holds a file lock until closed)."""
@@ -214,10 +211,12 @@ class HybridDecoder:
             decode = None
             if hits:
                 decode = self._retrieval_mode(obs, hits, patches, st, lat)
+                st.strict = decode is not None and self.retrieval_rule.lossless and self.drafter_rule.lossless
             else:
                 st.mode = "ar" if self.cfg.method == "ar" else "drafter"
                 decode = self._new_decode(obs, patches, lat)
                 self._finish(decode, st, lat)
+                st.strict = self.drafter_rule.lossless
         with self._timed(lat, "detokenize"):
             tokens = np.asarray(st.tokens)
             action = self.stats_norm.unnormalise(self.vla.action_tokenizer.decode(tokens))
@@ -269,9 +268,14 @@ class HybridDecoder:
                     return []
                 k = 1 if self.cfg.method == "retrieval" else self.cfg.retrieval.top_k
                 pool = self.cfg.retrieval.position_pool
-                hits = self.store.search(query, obs.task_key, max(k, pool))
                 if pool:
-                    hits = nearest_in_position(hits, np.asarray(obs.ee_pos, dtype=np.float64), k)
+                    timing: dict[str, float] = {}
+                    hits = self.store.search_near(query, obs.task_key, k, np.asarray(obs.ee_pos, dtype=np.float64),
+                                                  pool, timing)
+                    for part, ms in timing.items():
+                        lat[f"retrieval_{part}"] = ms
+                else:
+                    hits = self.store.search(query, obs.task_key, k)
             except UnknownTaskError:
                 raise
             except DatabaseError as err:  # documented fallback: decode without retrieval

@@ -90,6 +90,9 @@ class StepStats:
     'learning', 'retrieval_cheaper', 'retrieval_costlier' or 'probe' (core/source_choice.py)."""
     gripper_held: bool = False
     """The executed gripper command is the previous one, not this step's (`gripper_hold_steps`)."""
+    strict: bool = False
+    """Every token of the step passed a lossless acceptance rule: the tokens equal greedy `ar`'s on
+    the same observation (False for a skip and for any relaxed acceptance)."""
 
     @property
     def decoding_cycles(self) -> int:

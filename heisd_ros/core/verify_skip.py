@@ -134,6 +134,11 @@ class VerifySkipPolicy:
         """Start of an episode: no skips in a row yet (thresholds are kept)."""
         self.consecutive_skips = 0
 
+    def restore_configured(self) -> None:
+        """The configured min_S and O_dist, as before any feedback (the persisted state is not touched)."""
+        self.min_similarity = self.cfg.min_similarity
+        self.max_distance_m = self.cfg.max_distance_m
+
     # ------------------------------------------------------------------ feedback and persistence
 
     def feedback(self, success: bool) -> None:

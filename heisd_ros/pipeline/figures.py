@@ -139,3 +139,31 @@ def interval_text(ci: Sequence[float] | None, fmt: str = ".2f", n_episodes: int 
         return "no interval" + (f" ({n_episodes} episode{'s' if n_episodes != 1 else ''})"
                                 if n_episodes is not None else "")
     return f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]"
+
+
+def mcnemar_exact_p(b: int, c: int) -> float:
+    """Two-sided exact McNemar p of a paired 2x2 table's discordant counts `b` and `c`: the
+    binomial test of min(b, c) among b + c at 1/2 (1.0 without discordant pairs)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2.0**n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_difference_interval(both: int, first_only: int, second_only: int, neither: int,
+                               z: float = Z_95) -> tuple[float, float]:
+    """95 % interval of p_first - p_second from a paired 2x2 table: Newcombe's hybrid score interval
+    (his method 10: the two Wilson intervals, joined through the table's phi correlation)."""
+    n = both + first_only + second_only + neither
+    if n == 0:
+        return (math.nan, math.nan)
+    p1, p2 = (both + first_only) / n, (both + second_only) / n
+    l1, u1 = wilson_interval(both + first_only, n, z)
+    l2, u2 = wilson_interval(both + second_only, n, z)
+    margins = (both + first_only) * (second_only + neither) * (both + second_only) * (first_only + neither)
+    phi = (both * neither - first_only * second_only) / math.sqrt(margins) if margins else 0.0
+    d = p1 - p2
+    lower = d - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    upper = d + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    return (max(-1.0, lower), min(1.0, upper))

@@ -19,6 +19,17 @@ def git_revision() -> str:
     return out.stdout.strip()
 
 
+def source_revision() -> str:
+    """`git_revision()`, with "+dirty" when tracked files differ from it: the code that runs."""
+    rev = git_revision()
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                             text=True, check=True, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.CalledProcessError):
+        return rev
+    return rev + "+dirty" if out.stdout.strip() else rev
+
+
 def write_json(path: str | Path, data: dict) -> None:
     """Write `data` as JSON through a temporary file, so a reader never sees half a file."""
     p = Path(path)

@@ -27,14 +27,22 @@ from typing import Any, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import numpy as np
 from qdrant_client import QdrantClient
 from qdrant_client import models as qm
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from heisd_ros.core.config import StoreConfig
-from heisd_ros.core.errors import ConfigError, DatabaseError, DatabaseUnavailableError, HeisdError
+from heisd_ros.core.errors import (
+    ConfigError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    HeisdError,
+)
 from heisd_ros.core.types import Hit
+from heisd_ros.store.base import StoreBase
 from heisd_ros.store.schema import (
+    EE_POS_FIELD,
     FEAT,
     FEAT_PREV,
     HIT_VECTORS,
@@ -42,7 +50,6 @@ from heisd_ros.store.schema import (
     TASK_FIELD,
     VECTOR_NAMES,
     DemoPoint,
-    StoreBase,
     check_dims,
     hit_from_stored,
 )
@@ -197,6 +204,32 @@ class ClientStore(StoreBase):
                 shard_key_selector=self._shard(task),
             )
         return [hit_from_stored(p.score, p.payload or {}, p.vector or {}) for p in response.points]
+
+    def _query_positions(self, query: list[float], task: str, top_k: int,
+                         exact: bool) -> list[tuple[Any, float, np.ndarray]]:
+        with _client_errors("search", self._where):
+            response = self._client.query_points(
+                self._name, query=query, using=OBS, query_filter=_task_filter(task), limit=top_k,
+                with_vectors=False, with_payload=[EE_POS_FIELD],
+                search_params=None if self._local else qm.SearchParams(exact=exact),
+                shard_key_selector=self._shard(task),
+            )
+        try:
+            return [(p.id, float(p.score), np.asarray((p.payload or {})[EE_POS_FIELD], dtype=np.float64))
+                    for p in response.points]
+        except (KeyError, TypeError, ValueError) as err:
+            raise DatabaseError(f"stored point is malformed: {err!r}") from err
+
+    def _fetch(self, ids: Sequence[Any], scores: Sequence[float]) -> list[Hit]:
+        task = None  # the ids are global; a sharded cluster is asked on every shard
+        with _client_errors("retrieve", self._where):
+            records = {r.id: r for r in self._client.retrieve(self._name, ids=list(ids), with_payload=True,
+                                                               with_vectors=HIT_VECTORS,
+                                                               shard_key_selector=self._shard(task))}
+        missing = [i for i in ids if i not in records]
+        if missing:
+            raise DatabaseError(f"points {missing} vanished between search and fetch at {self._where}")
+        return [hit_from_stored(s, records[i].payload or {}, records[i].vector or {}) for i, s in zip(ids, scores)]
 
     def _page(self, task: str | None, offset: Any, limit: int) -> tuple[list[DemoPoint], Any]:
         with _client_errors("scroll", self._where):

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import qdrant_edge as qe
 
 from heisd_ros.core.config import StoreConfig
@@ -27,15 +28,16 @@ from heisd_ros.core.errors import (
     HeisdError,
 )
 from heisd_ros.core.types import Hit
+from heisd_ros.store.base import StoreBase
 from heisd_ros.store.schema import (
     FEAT,
     FEAT_PREV,
     HIT_VECTORS,
     OBS,
     SCHEMA_VERSION,
+    EE_POS_FIELD,
     TASK_FIELD,
     DemoPoint,
-    StoreBase,
     check_dims,
     hit_from_stored,
 )
@@ -201,6 +203,31 @@ class EdgeStore(StoreBase):
         with _engine("search", self._where):
             found = self._shard.query(request)
         return [hit_from_stored(p.score, p.payload or {}, p.vector or {}) for p in found]
+
+    def _query_positions(self, query: list[float], task: str, top_k: int,
+                         exact: bool) -> list[tuple[Any, float, np.ndarray]]:
+        request = qe.QueryRequest(
+            limit=top_k,
+            query=qe.Query.Nearest(query, using=OBS),
+            filter=_task_filter(task),
+            with_vector=False,
+            with_payload=qe.PayloadSelector.Include([EE_POS_FIELD]),
+            params=qe.SearchParams(exact=exact),
+        )
+        with _engine("search", self._where):
+            found = self._shard.query(request)
+        try:
+            return [(p.id, float(p.score), np.asarray(p.payload[EE_POS_FIELD], dtype=np.float64)) for p in found]
+        except (KeyError, TypeError, ValueError) as err:
+            raise DatabaseError(f"stored point is malformed: {err!r}") from err
+
+    def _fetch(self, ids: Sequence[Any], scores: Sequence[float]) -> list[Hit]:
+        with _engine("retrieve", self._where):
+            records = {r.id: r for r in self._shard.retrieve(list(ids), True, HIT_VECTORS)}
+        missing = [i for i in ids if i not in records]
+        if missing:  # deleted between the query and the fetch: the database changed under the search
+            raise DatabaseError(f"points {missing} vanished between search and fetch at {self._where}")
+        return [hit_from_stored(s, records[i].payload or {}, records[i].vector or {}) for i, s in zip(ids, scores)]
 
     def _page(self, task: str | None, offset: Any, limit: int) -> tuple[list[DemoPoint], Any]:
         request = qe.ScrollRequest(

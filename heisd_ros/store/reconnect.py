@@ -132,6 +132,10 @@ class ReconnectingStore:
     def search(self, query: np.ndarray, task: str, top_k: int) -> list[Hit]:
         return self._call("search", query, task, top_k)
 
+    def search_near(self, query: np.ndarray, task: str, top_k: int, ee_pos: np.ndarray, pool: int,
+                    timing_ms: dict[str, float] | None = None) -> list[Hit]:
+        return self._call("search_near", query, task, top_k, ee_pos, pool, timing_ms)
+
     def has_task(self, task: str) -> bool:
         return self._call("has_task", task)
 

@@ -14,22 +14,23 @@ which is all a cosine consumer uses, is kept). Payload arrays are float32 and ro
 from __future__ import annotations
 
 import json
-import threading
-import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import (
+    Any,
+    Iterator,
+    Mapping,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 import numpy as np
 
-from heisd_ros.core.config import StoreConfig
 from heisd_ros.core.errors import (
     ConfigError,
     DatabaseError,
-    DatabaseUnavailableError,
-    EmptyDatabaseError,
     InvalidObservationError,
-    UnknownTaskError,
 )
 from heisd_ros.core.types import ACTION_DIM, Hit
 
@@ -38,6 +39,7 @@ VECTOR_NAMES = (OBS, FEAT, FEAT_PREV)
 HIT_VECTORS = [FEAT, FEAT_PREV]
 """Named vectors a search returns with each hit (the query vector itself is not needed)."""
 TASK_FIELD = "task"
+EE_POS_FIELD = "ee_pos"
 PAYLOAD_FIELDS = (
     "dataset", "task", "instruction", "episode", "step",
     "action", "action_tokens", "next_actions", "ee_pos", "success",
@@ -218,37 +220,6 @@ def check_dims(obs_dim: Any, feat_dim: Any) -> tuple[int, int]:
     return int(obs_dim), int(feat_dim)
 
 
-class TaskCounts:
-    """Per-task point counts cached for `ttl_s` (has_task runs every control step).
-
-    Upserts through the same store call `invalidate()`; the TTL only matters when another
-    process writes to a shared server.
-    """
-
-    def __init__(self, ttl_s: float) -> None:
-        self._ttl_s = ttl_s
-        self._lock = threading.Lock()
-        self._counts: dict[str | None, tuple[int, float]] = {}
-        self._generation = 0  # bumped by invalidate(); a fetch that raced an upsert is not cached
-
-    def get(self, task: str | None, fetch: Callable[[str | None], int]) -> int:
-        now = time.monotonic()
-        with self._lock:
-            cached, generation = self._counts.get(task), self._generation
-        if cached is not None and now - cached[1] < self._ttl_s:
-            return cached[0]
-        n = int(fetch(task))
-        with self._lock:
-            if generation == self._generation:
-                self._counts[task] = (n, now)
-        return n
-
-    def invalidate(self) -> None:
-        with self._lock:
-            self._counts.clear()
-            self._generation += 1
-
-
 @runtime_checkable
 class DemoStore(Protocol):
     """A demonstration database partitioned by task (embedded or remote Qdrant)."""
@@ -265,6 +236,12 @@ class DemoStore(Protocol):
 
     def search(self, query: np.ndarray, task: str, top_k: int) -> list[Hit]:
         """Top-k by cosine on `obs` within `task`, best first; hits carry feat/feat_prev."""
+        ...
+
+    def search_near(self, query: np.ndarray, task: str, top_k: int, ee_pos: np.ndarray, pool: int,
+                    timing_ms: dict[str, float] | None = None) -> list[Hit]:
+        """The `top_k` of the Top-`pool` by cosine nearest `ee_pos` in recorded hand position,
+        nearest first; payloads and features are read for those `top_k` only."""
         ...
 
     def has_task(self, task: str) -> bool:
@@ -288,140 +265,3 @@ class DemoStore(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class StoreBase:
-    """Behaviour shared by the Qdrant stores: validation, task-count cache, error choice.
-
-    A backend implements the hooks `_count_points`, `_write`, `_query`, `_page`, `_task_names`,
-    `_shutdown` (and optionally `_optimize`), raising DatabaseError subclasses with the cause chained.
-    """
-
-    backend = ""
-
-    def __init__(self, cfg: StoreConfig, obs_dim: int, feat_dim: int, where: str) -> None:
-        self._cfg = cfg
-        self._obs_dim, self._feat_dim = check_dims(obs_dim, feat_dim)
-        self._where = where  # a path or a credential-free URL, safe to log
-        self._counts = TaskCounts(cfg.task_cache_ttl_s)
-        self._closed = False
-
-    # -- backend hooks -----------------------------------------------------------------------
-    def _count_points(self, task: str | None) -> int:
-        raise NotImplementedError
-
-    def _write(self, points: Sequence[DemoPoint]) -> None:
-        raise NotImplementedError
-
-    def _query(self, query: list[float], task: str, top_k: int, exact: bool) -> list[Hit]:
-        raise NotImplementedError
-
-    def _page(self, task: str | None, offset: Any, limit: int) -> tuple[list[DemoPoint], Any]:
-        """One scroll page and the offset of the next one (None at the end)."""
-        raise NotImplementedError
-
-    def _task_names(self) -> list[str]:
-        raise NotImplementedError
-
-    def _optimize(self) -> None:
-        return None
-
-    def _shutdown(self) -> None:
-        raise NotImplementedError
-
-    # -- the DemoStore API -------------------------------------------------------------------
-    @property
-    def obs_dim(self) -> int:
-        return self._obs_dim
-
-    @property
-    def feat_dim(self) -> int:
-        return self._feat_dim
-
-    @property
-    def where(self) -> str:
-        return self._where
-
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise DatabaseUnavailableError(f"{self.backend} store at {self._where} is closed")
-
-    def upsert(self, points: Sequence[DemoPoint], batch_size: int = 256) -> int:
-        self._ensure_open()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        pts = list(points)
-        tasks: dict[str, str] = {}
-        for p in pts:  # validate everything before the first write
-            if not isinstance(p, DemoPoint):
-                raise InvalidDemoPointError(f"expected DemoPoint, got {type(p).__name__}")
-            p.check_dims(self._obs_dim, self._feat_dim)
-            if tasks.setdefault(p.id, p.task) != p.task:
-                raise InvalidDemoPointError(
-                    f"{p.dataset}/{p.episode}/{p.step} appears under tasks {tasks[p.id]!r} and {p.task!r}: "
-                    "episode numbers must be unique within a dataset (the point id is dataset/episode/step)"
-                )
-        try:
-            for start in range(0, len(pts), batch_size):
-                self._write(pts[start : start + batch_size])
-        finally:
-            self._counts.invalidate()
-        return len(pts)
-
-    def search(self, query: np.ndarray, task: str, top_k: int) -> list[Hit]:
-        self._ensure_open()
-        vec = check_query(query, self._obs_dim)
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
-            raise ConfigError(f"top_k must be an integer >= 1, got {top_k!r}")
-        n_task = self._counts.get(task, self._count_points)
-        if n_task == 0:
-            if self._counts.get(None, self._count_points) == 0:
-                raise EmptyDatabaseError(f"{self.backend} store at {self._where} holds no demonstrations")
-            raise UnknownTaskError(f"task {task!r} has no demonstrations in {self._where}")
-        return self._query(vec, task, int(top_k), exact=n_task < self._cfg.exact_search_below)
-
-    def has_task(self, task: str) -> bool:
-        self._ensure_open()
-        return self._counts.get(task, self._count_points) > 0
-
-    def count(self, task: str | None = None) -> int:
-        self._ensure_open()
-        return self._count_points(task)
-
-    def tasks(self) -> list[str]:
-        self._ensure_open()
-        return sorted(self._task_names())
-
-    def scroll(self, task: str | None = None, page_size: int = 256) -> Iterator[DemoPoint]:
-        self._ensure_open()
-        offset: Any = None
-        while True:
-            points, offset = self._page(task, offset, page_size)
-            yield from points
-            if offset is None:
-                return
-
-    def health(self) -> tuple[bool, str]:
-        if self._closed:
-            return False, f"{self.backend} store at {self._where} is closed"
-        try:
-            n = self._count_points(None)
-        except DatabaseError as err:
-            return False, f"{self.backend} store at {self._where}: {err}"
-        return True, f"{self.backend} store at {self._where}: {n} points (obs {self._obs_dim}, feat {self._feat_dim})"
-
-    def optimize(self) -> None:
-        self._ensure_open()
-        self._optimize()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._shutdown()
-
-    def __enter__(self) -> "StoreBase":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

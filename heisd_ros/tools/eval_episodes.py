@@ -3,24 +3,47 @@ methods taking turns at every control step, and the log record of each step and 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
 import numpy as np
 
 from heisd_ros.core.gripper import finger_gap
+from heisd_ros.core.types import Observation
 from heisd_ros.tools.eval_policies import Policies, TimedStore
 
 
-def step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) -> dict[str, Any]:
-    """One control step of the log: the decoder's StepStats, its CPU time and the simulator's time."""
+def input_digest(obs: Observation) -> str:
+    """Digest of everything a decoder reads at a step: every view's pixels, the end-effector
+    position, the finger gap and the instruction. Two steps with one digest have the same input, so
+    a strict step must then decode the same tokens as `ar` did on it."""
+    h = hashlib.sha256()
+    for view in sorted(obs.images):
+        image = np.ascontiguousarray(obs.images[view])
+        h.update(f"{view}:{image.shape}:{image.dtype}".encode())
+        h.update(image.tobytes())
+    h.update(np.asarray(obs.ee_pos, dtype=np.float64).tobytes())
+    h.update(np.float64(np.nan if obs.gripper_gap is None else obs.gripper_gap).tobytes())
+    h.update(obs.instruction.encode())
+    return h.hexdigest()[:16]
+
+
+def step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray, digest: str = "",
+                shadow: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """One control step of the log: the decoder's StepStats, its thread CPU time beside its wall
+    time, the simulator's time, the input digest and, on a lossy step with `--shadow-ar`, the
+    tokens greedy `ar` decodes on the same observation."""
     rec = {
         "t": t, "mode": st.mode, "skipped": st.skipped, "forwards": st.llm_forwards, "tpf": list(st.tokens_per_forward),
         "ms": {k: round(v, 3) for k, v in st.latency_ms.items()}, "fwd_ms": [round(x, 3) for x in st.forward_ms],
         "cpu_ms": round(cpu_ms, 3),
         "sim_ms": round(sim_ms, 1), "F": round(st.fused_metric, 4), "score": round(st.retrieval_score, 4),
         "ee": [round(float(x), 4) for x in ee_pos], "tokens": [int(x) for x in st.tokens],
+        "strict": bool(st.strict), "digest": digest,
     }
+    if shadow is not None:
+        rec["shadow"] = [int(x) for x in shadow]
     if st.fallback:
         rec["fallback"] = st.fallback
     if st.gripper_held:
@@ -32,13 +55,22 @@ def step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray) ->
 
 
 class MethodEpisode:
-    """One method's episode on its own env instance."""
+    """One method's episode on its own env instance.
 
-    def __init__(self, method: str, env, decoder, store: TimedStore | None, init_state: int) -> None:
+    `online`: the method adapts its verify-skip thresholds across episodes (Alg. 1's online stage,
+    in the run's task order). Otherwise the episode starts from the configured operating point, so
+    it does not depend on the episodes before it. `shadow`: an `ar` decoder run on every lossy step
+    (outside the timed call) for the per-step deviation from greedy decoding."""
+
+    def __init__(self, method: str, env, decoder, store: TimedStore | None, init_state: int,
+                 online: bool = False, shadow=None) -> None:
         self.method, self.env, self.decoder, self.store = method, env, decoder, store
+        self.online, self.shadow = online, shadow
         self.steps: list[dict[str, Any]] = []
         self.success = False
         self.done = False
+        if not online:
+            decoder.restore_operating_point()
         self.skip_start = (decoder.skip.min_similarity, decoder.skip.max_distance_m)
         self.obs = env.reset(init_state)
         decoder.reset(env.instruction)
@@ -47,16 +79,18 @@ class MethodEpisode:
         self.t0 = time.perf_counter()
 
     def act(self, t: int) -> None:
-        from heisd_ros.core.types import Observation
-
         obs = self.obs
-        c0 = time.process_time()
-        action, st = self.decoder.step(Observation(obs.images, self.env.instruction, obs.ee_pos,
-                                                   gripper_gap=finger_gap(obs.gripper_qpos)))
-        cpu_ms = (time.process_time() - c0) * 1e3
+        seen = Observation(obs.images, self.env.instruction, obs.ee_pos, gripper_gap=finger_gap(obs.gripper_qpos))
+        c0 = time.thread_time()
+        action, st = self.decoder.step(seen)
+        cpu_ms = (time.thread_time() - c0) * 1e3
+        shadow = None
+        if self.shadow is not None and not st.strict:
+            shadow = self.shadow.step(seen)[1].tokens
         s0 = time.perf_counter()
         self.obs, self.success = self.env.step(action)
-        self.steps.append(step_record(t, st, cpu_ms, (time.perf_counter() - s0) * 1e3, obs.ee_pos))
+        self.steps.append(step_record(t, st, cpu_ms, (time.perf_counter() - s0) * 1e3, obs.ee_pos,
+                                      input_digest(seen), shadow))
         self.done = self.success
 
     def record(self, task: int, init_state: int) -> dict[str, Any]:
@@ -64,6 +98,7 @@ class MethodEpisode:
             "kind": "episode", "task": task, "init_state": init_state, "method": self.method,
             "instruction": self.env.instruction, "task_name": str(self.env.task.name), "success": self.success,
             "length": len(self.steps), "wall_s": round(time.perf_counter() - self.t0, 2),
+            "online": self.online,
             "verify_skip_start": {"min_similarity": self.skip_start[0], "max_distance_m": self.skip_start[1]},
             "steps": self.steps,
         }
@@ -77,10 +112,12 @@ class MethodEpisode:
 def run_pair(max_steps: int, task: int, init_state: int, methods: list[str], envs: list, pol: Policies,
              log, bar) -> None:
     """All `methods` on one (task, init state), taking turns per control step; logs each episode as it ends."""
-    eps = [MethodEpisode(m, env, pol.decoders[m], pol.timed[m], init_state) for m, env in zip(methods, envs)]
+    eps = [MethodEpisode(m, env, pol.decoders[m], pol.timed[m], init_state, online=m in pol.online,
+                         shadow=pol.shadow) for m, env in zip(methods, envs)]
 
     def finish(e: MethodEpisode) -> None:
-        e.decoder.episode_feedback(e.success)
+        if e.online:
+            e.decoder.episode_feedback(e.success)
         log.append(e.record(task, init_state))
         bar.update(1)
 

@@ -4,7 +4,8 @@ Usage:
     heisd eval-libero --model artifacts/mini_vla --drafter artifacts/mini_drafter --db artifacts/mini_db \\
         --calibration artifacts/mini_calibration.json --suite libero_object --tasks 0-9 --init-states 40-49 \\
         --methods ar,drafter,specvla,retrieval,heisd --max-steps 280 --out benchmarks/libero_object.json \\
-        [--plots DIR] [--seed 0] [--threads 1] [--camera-size 128] [--unknown-task error] [--no-progress]
+        [--plots DIR] [--seed 0] [--threads 1] [--camera-size 128] [--unknown-task error] [--no-progress] \\
+        [--no-shadow-ar] [--online-methods heisd_online --variants heisd_online=heisd]
     heisd eval-libero --model tiny ...      (the tiny test policy; it knows no LIBERO task)
     heisd eval-libero --report-from benchmarks/libero_object.jsonl --tasks 9 --init-states 40-45 \
         --methods ar,drafter --out benchmarks/subset.json   (a report of part of a log; runs nothing)
@@ -17,10 +18,15 @@ Protocol (the same for every method, in one process):
 - The methods take turns at every control step, in --methods order: observation (two upright views,
   end-effector position, instruction) -> decoder.step -> env.step. Background CPU load therefore
   falls on all methods alike. An episode ends at task success or after --max-steps steps.
-- `decoder.reset(instruction)` starts each episode; `decoder.episode_feedback(success)` ends it, so
-  each method adapts its own verify-skip thresholds in the order its episodes ran (the JSONL order).
-  A resumed run first replays the logged results into the decoders, so it continues from the
-  thresholds an uninterrupted run would have had.
+- Episodes are independent: each starts from the configured operating point (`restore_operating_point`,
+  then `reset(instruction)`), and each env reset gives a freshly built env's observation. Only the
+  labels in --online-methods get `episode_feedback(success)` after each episode (Alg. 1's online
+  stage over the run's task sequence); a resumed run replays their logged results first.
+- Evidence (tools/eval_evidence.py): every step logs an input digest, whether it was strict, its
+  thread CPU time beside its wall time and, with --shadow-ar (the default), greedy ar's tokens on
+  the same observation for every lossy step. The run key holds the git revision: a log is never
+  resumed by other code. The command exits 3 when a strict step disagrees with ar on ar's inputs or
+  a method's first observation of a pair differs from ar's (the report is written all the same).
 
 Outputs: `<out stem>.jsonl` (one line per finished (task, init state, method) episode with its per-step
 StepStats; a rerun with the same settings skips finished triples), the JSON report `--out` (one object
@@ -50,7 +56,7 @@ from typing import Any
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
-from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
+from heisd_ros.pipeline.outputs import git_revision, progress_bar, source_revision, write_json
 from heisd_ros.tools.args import parse_range
 from heisd_ros.tools.eval_episodes import run_pair
 from heisd_ros.tools.eval_policies import Policies, count_or_none, retrieval_probe
@@ -98,6 +104,13 @@ class EvalLiberoConfig:
     """DecoderConfig.gripper_hold_steps for every method (0 = off, as OpenVLA)."""
     position_pool: int = 0
     """RetrievalConfig.position_pool for every method (0 = off: Top-K by embedding similarity)."""
+    shadow_ar: bool = True
+    """On every lossy step (a skip, a relaxed acceptance) also decode greedy `ar` on the same
+    observation, outside the timed call, and log its tokens: the per-step deviation from ar."""
+    online_methods: tuple[str, ...] = ()
+    """Labels that keep episode feedback across episodes (Alg. 1's online stage, over the run's
+    task sequence: --tasks order, then --init-states order). Every other label starts each episode
+    from the configured operating point."""
     out: str = "benchmarks/libero_object.json"
     plots_dir: str = ""
     progress: bool = True
@@ -122,6 +135,8 @@ class EvalLiberoConfig:
         if bool(self.subset_methods) != bool(self.subset_init_states) or \
                 not set(self.subset_init_states) <= set(self.init_states):
             raise ConfigError("--subset-methods needs --subset-init-states, a part of --init-states")
+        if not set(self.online_methods) <= set(everything):
+            raise ConfigError(f"--online-methods {list(self.online_methods)} must be among the run's methods")
         if self.max_steps < 1 or self.threads < 1:
             raise ConfigError("max_steps and threads must be >= 1")
         if not self.out.endswith(".json"):
@@ -156,14 +171,16 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     pol = Policies(cfg)
     key = {"suite": cfg.suite, "max_steps": cfg.max_steps, "camera_size_px": cfg.camera_size_px,
            "dtype": cfg.dtype, "unknown_task": cfg.unknown_task, "seed": cfg.seed, **pol.fingerprint()}
-    if cfg.variants or cfg.purpose != "evaluation":  # logs of plain evaluations keep their earlier key
-        key.update(purpose=cfg.purpose, variants=[v.describe() for v in cfg.variants])
+    key.update(purpose=cfg.purpose, variants=[v.describe() for v in cfg.variants], shadow_ar=cfg.shadow_ar,
+               online_methods=list(cfg.online_methods),
+               # one revision a run: a log resumed by other code is refused (a new revision is a new run)
+               git_rev=source_revision())
     log = ResultLog(cfg.log_path, key)
     # First, so that a process stopped before its `session` line still names its revision.
     log.append({"kind": "session_start", "command": command, "git_rev": git_revision(),
                 "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    for rec in log.episodes:  # resume: the thresholds an uninterrupted run would have now
-        if rec["method"] in pol.decoders:
+    for rec in log.episodes:  # resume an online method: the thresholds an uninterrupted run would have
+        if rec["method"] in pol.online:
             pol.decoders[rec["method"]].episode_feedback(rec["success"])
     done = log.done()
     todo = {triple for triple in cfg.triples() if triple not in done}
@@ -252,8 +269,10 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
         "seeds": {"torch": cfg.seed, "env": 0, "decoding": "greedy (deterministic)"},
         "threads": cfg.threads, "camera_size_px": cfg.camera_size_px, "git_rev": git_revision(),
         "protocol": ("per (task, init state) every method runs on its own env instance and decoder; methods take "
-                     "turns per control step in the methods order; episode_feedback after each episode, per method, "
-                     "in log order"),
+                     "turns per control step in the methods order; every episode starts from the configured "
+                     "operating point (episode feedback only for the online methods, in log order); greedy ar "
+                     "shadows every lossy step" if cfg.shadow_ar else "no ar shadow"),
+        "online_methods": list(cfg.online_methods), "shadow_ar": cfg.shadow_ar,
         "model": key, "log": str(log.path),
         "invocations": [{k: v for k, v in sess.items() if k != "probe_top5_ms"} for sess in log.sessions],
         "stopped_invocations": list(getattr(log, "stopped", [])),
@@ -308,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--position-pool", type=int, default=d.position_pool,
                    help="fetch N hits by embedding similarity, keep the Top-K nearest in end-effector "
                         "position (0 = off)")
+    p.add_argument("--shadow-ar", action=argparse.BooleanOptionalAction, default=d.shadow_ar,
+                   help="decode greedy ar (untimed) on every lossy step and log its tokens")
+    p.add_argument("--online-methods", default="",
+                   help="labels whose verify-skip thresholds adapt across episodes (Alg. 1's online stage)")
     p.add_argument("--out", default=d.out, help="JSON report; the log is <out stem>.jsonl, the table <out stem>.md")
     p.add_argument("--plots", default=d.plots_dir, help="directory for PNG plots ('' = none)")
     p.add_argument("--no-progress", action="store_true")
@@ -327,7 +350,8 @@ def config_from_args(args: argparse.Namespace) -> EvalLiberoConfig:
         purpose=args.purpose, max_steps=args.max_steps,
         camera_size_px=args.camera_size, seed=args.seed, threads=args.threads, dtype=args.dtype,
         unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps,
-        position_pool=args.position_pool, out=args.out,
+        position_pool=args.position_pool, shadow_ar=args.shadow_ar, online_methods=_names(args.online_methods),
+        out=args.out,
         plots_dir=args.plots, progress=not args.no_progress,
     )
 
@@ -362,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(markdown(report))
     print(f"wrote {cfg.out}, {Path(cfg.out).with_suffix('.md')}, log {args.report_from or cfg.log_path}")
+    broken = report["_meta"]["evidence"]["broken"]
+    if broken:  # the figures are written, but they are not evidence about the methods
+        print("heisd eval-libero: the run does not hold as evidence: " + "; ".join(broken), file=sys.stderr)
+        return 3
     return 0
 
 

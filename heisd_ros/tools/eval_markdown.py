@@ -20,7 +20,7 @@ FOOTNOTE = [
     "  detokenisation); the simulator is not included. pN: numpy's linear-interpolation percentile over all steps.",
     "- Speedup vs ar = mean ar step / mean step (a ratio of means); its 95 % interval is a percentile bootstrap",
     "  over episodes (the (task, init state) pairs drawn with replacement, one draw for ar and the method).",
-    "  Median speedup = median ar step / median step. CPU speedup: the same ratio of means on the process CPU",
+    "  Median speedup = median ar step / median step. CPU speedup: the same ratio of means on the thread CPU",
     "  time of the call (immune to preemption by other processes).",
     "- Accept length (the paper's): tokens per decoding cycle, a cycle being one verification forward or one",
     "  skipped step (a skip fixes all 7 tokens in one cycle) = 7 x steps / (LLM forwards + skipped steps).",
@@ -32,8 +32,10 @@ def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: what ran, the per-method and per-task tables, latency and targets."""
     meta = report["_meta"]
     methods = [m for m in report if not m.startswith("_")]
-    out = _md_header(meta) + _md_methods(report, methods, meta.get("bootstrap", {}))
-    out += _md_tasks(report, methods) + _md_modes(report, methods) + _md_boundary(report, methods)
+    out = _md_header(meta) + _md_evidence(report, methods, meta.get("evidence"))
+    out += _md_methods(report, methods, meta.get("bootstrap", {})) + _md_paired(report, methods)
+    out += _md_shadow(report, methods) + _md_tasks(report, methods) + _md_modes(report, methods)
+    out += _md_stages(report, methods) + _md_boundary(report, methods)
     out += _md_latency(meta["retrieval_latency_ms"])
     out += _md_targets(meta["acceptance"]) + FOOTNOTE
     return "\n".join(out)
@@ -55,6 +57,86 @@ def _md_header(meta: dict[str, Any]) -> list[str]:
              f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
              f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "
              f"git `{str(meta.get('git_rev', ''))[:10]}`."), ""]
+    return out
+
+
+def _md_evidence(report: dict[str, Any], methods: list[str], ev: dict[str, Any] | None) -> list[str]:
+    """Whether the run holds as evidence: strict steps agree with ar, same first inputs, quiet time."""
+    if not ev:
+        return []
+    out = ["## Evidence", ""]
+    for m in methods:
+        a = report[m].get("strict_agreement")
+        if not a:
+            continue
+        if not a["logged"]:
+            out.append(f"- {m}: strict-step agreement with ar: not logged (no input digests)")
+            continue
+        out.append(f"- {m}: strict-step agreement with ar: {a['agree']} / {a['checked']}; first observation "
+                   f"equal to ar's in {a['same_start']} / {a['pairs']} pairs; contended steps "
+                   f"{_f(report[m]['contended_share'], '.1%')}")
+    share = ev["contended_share"]
+    out += [f"- ar: contended steps {_f(report['ar']['contended_share'], '.1%')}" if "ar" in report else None,
+            (f"- the run: {ev['contended_steps']} contended steps ({_f(share, '.2%')}; limit "
+             f"{ev['contended_share_limit']:.0%}): " + ("quiet" if ev["quiet"] else "**NOT QUIET: wall-time figures "
+                                                       "are contended; read the CPU-time speedups**")),
+            f"- {ev['definition']}"]
+    out += [f"- **broken: {b}**" for b in ev["broken"]] + [""]
+    return [line for line in out if line is not None]
+
+
+def _md_paired(report: dict[str, Any], methods: list[str]) -> list[str]:
+    rows = [(m, report[m]["paired_vs_ar"]) for m in methods if report[m].get("paired_vs_ar")]
+    if not rows:
+        return []
+    out = ["", ("Success paired against ar (the same (task, init state) pairs): discordant pairs, the difference "
+                "method - ar with its 95 % interval (Newcombe's hybrid score), exact McNemar p; speed on the pairs "
+                "both solved:"), "",
+           "| method | pairs | both / method only / ar only / neither | difference (95 % CI) | McNemar p "
+           "| both solved | speedup on both solved (95 % CI) |", "|---|---|---|---|---|---|---|"]
+    for m, p in rows:
+        t = p["table"]
+        lo, hi = p["difference_ci95"]
+        out.append(f"| {m} | {p['pairs']} | {t['both']} / {t['method_only']} / {t['ar_only']} / {t['neither']} | "
+                   f"{p['difference'] * 100:+.0f} points ({_f(lo * 100, '+.0f')} to {_f(hi * 100, '+.0f')}) | "
+                   f"{_f(p['mcnemar_p'], '.3f')} | {p['both_solved_pairs']} | {_f(p['speedup_vs_ar_both_solved'])}x "
+                   f"({interval_text(p.get('speedup_vs_ar_both_solved_ci95'))}) |")
+    return out
+
+
+def _md_shadow(report: dict[str, Any], methods: list[str]) -> list[str]:
+    rows = [(m, report[m]["shadow"]) for m in methods if report[m].get("shadow")]
+    if not rows:
+        return []
+    out = ["", ("Shadow of ar: each step's tokens against greedy ar's on the same observation (strict steps count "
+                "as equal; |delta bin| of a group = the sum over its tokens, the sequence-wise bound is 30):"), "",
+           "| method | mode | steps | equal to ar | position mean / p95 bins | rotation mean / p95 bins "
+           "| gripper disagreement |", "|---|---|---|---|---|---|---|"]
+    for m, sh in rows:
+        for mode, d in [("all", sh["all"]), *sh["by_mode"].items()]:
+            if not d.get("steps"):
+                continue
+            out.append(f"| {m} | {mode} | {d['steps']} | {_f(d['share_equal_to_ar'], '.1%')} | "
+                       f"{_f(d['position_mean_bins'], '.1f')} / {_f(d['position_p95_bins'], '.0f')} | "
+                       f"{_f(d['rotation_mean_bins'], '.1f')} / {_f(d['rotation_p95_bins'], '.0f')} | "
+                       f"{_f(d['gripper_disagreement'], '.2%')} |")
+    return out
+
+
+def _md_stages(report: dict[str, Any], methods: list[str]) -> list[str]:
+    """Mean ms per stage and mode: where a step's time goes."""
+    from heisd_ros.tools.eval_report import MODE_STAGES
+
+    shown = [k for k in MODE_STAGES if any(p.get("stage_mean_ms", {}).get(k, 0.0) > 0
+                                          for m in methods for p in report[m].get("modes", {}).values())]
+    out = ["", "Where the time goes (mean ms per step of each mode; first forward = the prefill, fused with the "
+           "retrieval tree's verification in retrieval mode):", "",
+           "| method | mode | steps | mean step | CPU | " + " | ".join(shown) + " |", "|---" * (5 + len(shown)) + "|"]
+    for m in methods:
+        for mode, p in report[m].get("modes", {}).items():
+            stages = p.get("stage_mean_ms", {})
+            out.append(f"| {m} | {mode} | {p['steps']} | {_f(p['mean_step_ms'], '.1f')} | "
+                       f"{_f(p.get('mean_step_cpu_ms'), '.1f')} | " + " | ".join(_f(stages.get(k), '.2f') for k in shown) + " |")
     return out
 
 

@@ -29,6 +29,14 @@ class TimedStore:
             self.search_ms.append((time.perf_counter() - t0) * 1e3)
             self.last_k = top_k
 
+    def search_near(self, query, task: str, top_k: int, ee_pos, pool: int, timing_ms=None):
+        t0 = time.perf_counter()
+        try:
+            return self._store.search_near(query, task, top_k, ee_pos, pool, timing_ms)
+        finally:
+            self.search_ms.append((time.perf_counter() - t0) * 1e3)
+            self.last_k = top_k
+
     def close(self) -> None:  # the shared store is closed once, by the evaluator
         pass
 
@@ -102,6 +110,11 @@ class Policies:
         configs = {m: variants[m].config(base) if m in variants else base.with_method(m) for m in cfg.labels}
         self.decoders = {m: HybridDecoder(self.vla, configs[m], store=self.timed[m], drafter=drafter,
                                           state_prior=prior) for m in cfg.labels}
+        self.online = frozenset(cfg.online_methods)
+        """Labels whose verify-skip thresholds carry over between episodes (the online stage)."""
+        self.shadow = (HybridDecoder(self.vla, base.with_method("ar"), state_prior=prior)
+                       if cfg.shadow_ar else None)
+        """Greedy `ar` on the observations of lossy steps (never timed, never executed)."""
 
     def fingerprint(self) -> dict[str, Any]:
         from heisd_ros.core.config import to_dict

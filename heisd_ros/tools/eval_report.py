@@ -31,6 +31,12 @@ from heisd_ros.pipeline.figures import (
     speedup_figures,
     wilson_interval,
 )
+from heisd_ros.tools.eval_evidence import (
+    contention,
+    evidence,
+    paired_success,
+    shadow_deviation,
+)
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize")
 LOSSLESS = ("ar", "drafter", "retrieval")
@@ -178,9 +184,26 @@ def floor_ms(step: dict[str, Any]) -> float | None:
     return mode_floor_ms(step["ms"], step["fwd_ms"]) if "fwd_ms" in step else None
 
 
+MODE_STAGES = ("vision", "projector", "prompt", "retrieval", "retrieval_query", "retrieval_fetch", "retrieval_rerank",
+               "first_forward", "draft", "completion_forwards", "accept", "detokenize")
+"""Where a step's time goes, per mode: `first_forward` is the prefill (fused with the verification of
+the retrieval tree in retrieval mode), `completion_forwards` the forwards after it; retrieval's
+split into query / fetch / re-rank where the store reports it."""
+
+
+def stage_ms(step: dict[str, Any], stage: str) -> float:
+    """One step's time in one of MODE_STAGES (0 where the step had no such stage)."""
+    fwd = step.get("fwd_ms", [])
+    if stage == "first_forward":
+        return float(fwd[0]) if fwd else 0.0
+    if stage == "completion_forwards":
+        return float(sum(fwd[1:]))
+    return float(step["ms"].get(stage, 0.0))
+
+
 def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per mode: steps; mean step ms, mean floor ms and their ratio (mean step / mean floor); the
-    median step ms, median floor ms and median ratio of step time to its floor."""
+    median step ms, median floor ms and median ratio of step time to its floor; each stage's mean."""
     out = {}
     for mode in sorted({s["mode"] for s in steps}):
         sel = [s for s in steps if s["mode"] == mode]
@@ -188,6 +211,8 @@ def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         has = len(floors) > 0
         out[mode] = {
             "steps": len(sel),
+            "stage_mean_ms": {k: float(np.mean([stage_ms(s, k) for s in sel])) for k in MODE_STAGES},
+            "mean_step_cpu_ms": float(np.mean([s["cpu_ms"] for s in sel])),
             "mean_step_ms": float(np.mean([s["ms"]["total"] for s in sel])),
             "mean_floor_ms": float(floors[:, 1].mean()) if has else math.nan,
             "mean_ratio_to_floor": float(floors[:, 0].mean() / floors[:, 1].mean()) if has else math.nan,
@@ -350,11 +375,17 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
                 report[m]["boundary"] = mix
     ar_pairs = {_key(e): e for e in by_method.get("ar", [])}
     all_paired = True
+    run_evidence = evidence(episodes, list(methods))
     for m, r in report.items():
         figures, paired = _speedups(by_method[m], by_method.get("ar", []))
         r.update(figures)
         all_paired = all_paired and paired
+        steps = [s for e in by_method[m] for s in e["steps"]]
+        r.update(contention(steps))
+        r["shadow"] = shadow_deviation(steps)
         if m != "ar" and ar_pairs:
+            r["strict_agreement"] = run_evidence["strict_agreement"][m]
+            r["paired_vs_ar"] = paired_success(by_method[m], by_method["ar"])
             r["episodes_identical_to_ar"] = _identical_to_ar(by_method[m], ar_pairs)
             if paired and len(by_method[m]) < len(ar_pairs):
                 r["ar_on_same_episodes"] = _ar_on(by_method[m], ar_pairs)
@@ -372,6 +403,7 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
         "by_method": {m: {"top_k": next((e.get("search_k") for e in by_method[m] if e.get("search_k")), None),
                           **_percentiles(v)} for m, v in search.items() if v},
     }
+    meta["evidence"] = {k: v for k, v in run_evidence.items() if k != "strict_agreement"}
     meta["bootstrap"] = bootstrap_meta(len(ar_pairs), all_paired, unit="(task, init state) episode")
     meta["acceptance"] = acceptance(report)
     return jsonable({**report, "_meta": meta})

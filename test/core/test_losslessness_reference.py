@@ -115,6 +115,12 @@ class ListStore:
                 for i, d in enumerate(self.draw())]
         return hits[:k]
 
+    def search_near(self, query, task: str, k: int, ee_pos, pool: int, timing_ms=None) -> list[Hit]:
+        from heisd_ros.store.base import nearest_first
+
+        hits = self.search(query, task, pool)
+        return [hits[i] for i in nearest_first([h.ee_pos for h in hits], ee_pos)[:k]]
+
     def has_task(self, task: str) -> bool:
         return True
 

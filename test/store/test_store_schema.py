@@ -11,7 +11,8 @@ import pytest
 from heisd_ros.core.config import StoreConfig, from_dict
 from heisd_ros.core.errors import ConfigError, DatabaseError, HeisdError, InvalidObservationError
 from heisd_ros.store import PAYLOAD_FIELDS, VECTOR_NAMES, DemoPoint, InvalidDemoPointError, point_id
-from heisd_ros.store.schema import TaskCounts, check_query, hit_from_stored
+from heisd_ros.store.base import TaskCounts
+from heisd_ros.store.schema import check_query, hit_from_stored
 
 
 def demo(**over):

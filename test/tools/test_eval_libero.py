@@ -31,6 +31,7 @@ import torch
 from heisd_ros.tools import eval_libero
 
 INSTRUCTION = "pick up the alphabet soup and place it in the basket"  # libero_object task 0
+INSTRUCTION_1 = "pick up the cream cheese and place it in the basket"  # libero_object task 1
 EE_START = np.array([-0.14, 0.01, 0.25])  # near the robot's start pose in LIBERO's observations
 
 
@@ -55,18 +56,20 @@ def policy_dir(tmp_path_factory) -> Path:
     EagleDrafter(vla.language_model.config).save(root / "drafter")
     ar = HybridDecoder(vla, DecoderConfig(method="ar"))
     rng = np.random.default_rng(0)
-    points, prev = [], None
-    for step in range(12):
-        ee = EE_START + 0.004 * step * np.array([1.0, 0.5, -0.5])
-        images = synthetic.render(ee, 0, 64, rng)
-        action, st = ar.step(Observation(images, INSTRUCTION, ee))
-        with torch.inference_mode():
-            query, _ = embed_views(vla, [images["agentview"], images["wrist"]])
-        feat = ar.f_live
-        points.append(DemoPoint(dataset="smoke", task=INSTRUCTION, instruction=INSTRUCTION, episode=0, step=step,
-                                obs=query, feat=feat, feat_prev=feat if prev is None else prev, action=action,
-                                action_tokens=st.tokens, ee_pos=ee))
-        prev = feat
+    points = []
+    for episode, instruction in enumerate((INSTRUCTION, INSTRUCTION_1)):
+        prev = None
+        for step in range(12):
+            ee = EE_START + 0.004 * step * np.array([1.0, 0.5, -0.5])
+            images = synthetic.render(ee, 0, 64, rng)
+            action, st = ar.step(Observation(images, instruction, ee))
+            with torch.inference_mode():
+                query, _ = embed_views(vla, [images["agentview"], images["wrist"]])
+            feat = ar.f_live
+            points.append(DemoPoint(dataset="smoke", task=instruction, instruction=instruction, episode=episode,
+                                    step=step, obs=query, feat=feat, feat_prev=feat if prev is None else prev,
+                                    action=action, action_tokens=st.tokens, ee_pos=ee))
+            prev = feat
     store = make_store(StoreConfig(backend="edge", path=str(root / "db")), obs_dim=points[0].obs.shape[0],
                        feat_dim=points[0].feat.shape[0], create=True)
     store.upsert(points)
@@ -115,7 +118,7 @@ def test_eval_libero_smoke_report_and_resume(policy_dir: Path, tmp_path: Path) -
     for key in ("command", "seeds", "init_states", "git_rev", "threads", "model", "retrieval_latency_ms", "acceptance",
                 "bootstrap"):
         assert key in meta, key
-    assert meta["init_states"] == [40] and meta["threads"] == 1 and meta["db_points"] == 12
+    assert meta["init_states"] == [40] and meta["threads"] == 1 and meta["db_points"] == 24
     lat = meta["retrieval_latency_ms"]
     assert lat["in_run_top5"]["n"] >= 3 and lat["probe_top5"]["n"] == 12  # heisd's own + one probe per stored point
     assert 0 < lat["median"] <= lat["p95"]
@@ -163,3 +166,58 @@ def test_variants_get_their_own_decoder_config(policy_dir: Path, tmp_path: Path)
         assert pol.decoders["ar"].cfg.method == "ar"
     finally:
         pol.close()
+
+
+def test_strict_steps_agree_with_ar_and_episodes_start_as_in_a_fresh_env(policy_dir: Path, tmp_path: Path) -> None:
+    """Every method on two tasks x two init states in one process (envs reused across init states):
+    each pair's first observation is what a freshly built env shows, every strict step whose input
+    digest is one of ar's carries ar's tokens, and every lossy step is shadowed by greedy ar."""
+    from heisd_ros.core.gripper import finger_gap
+    from heisd_ros.core.types import Observation
+    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_ros.tools.eval_episodes import input_digest
+
+    out = tmp_path / "agree.json"
+    methods = "ar,drafter,specvla,retrieval,heisd"
+    args = _args(policy_dir, out, "--tasks", "0-1", "--init-states", "40-41", "--methods", methods, "--max-steps", "6")
+    assert eval_libero.main(args) == 0
+    report = json.loads(out.read_text())
+    for m in methods.split(",")[1:]:
+        a = report[m]["strict_agreement"]
+        assert a["logged"] and a["pairs"] == 4 and a["same_start"] == 4, (m, a)
+        assert a["agree"] == a["checked"], (m, a)
+        if m in ("drafter", "retrieval"):
+            assert a["checked"] == 24, (m, a)  # lossless methods: every step, same inputs as ar throughout
+    assert report["_meta"]["evidence"]["broken"] == []
+    episodes = _episodes(out.with_suffix(".jsonl"))
+    steps = {m: [s for e in episodes if e["method"] == m for s in e["steps"]] for m in methods.split(",")}
+    assert all(s["strict"] and "shadow" not in s for m in ("ar", "drafter", "retrieval") for s in steps[m])
+    assert all(not s["strict"] and len(s["shadow"]) == 7 for s in steps["specvla"])  # token-relaxed: every step
+    lossy = [s for s in steps["heisd"] if not s["strict"]]
+    assert lossy and all(len(s["shadow"]) == 7 for s in lossy)
+    assert report["specvla"]["shadow"]["all"]["steps"] == 24
+    # The last pair the process ran starts as a fresh env of its task shows that init state.
+    env = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=1, camera_size_px=64))
+    try:
+        obs = env.reset(41)
+        fresh = input_digest(Observation(obs.images, env.instruction, obs.ee_pos,
+                                         gripper_gap=finger_gap(obs.gripper_qpos)))
+    finally:
+        env.close()
+    last = [e for e in episodes if (e["task"], e["init_state"]) == (1, 41)]
+    assert len(last) == 5 and {e["steps"][0]["digest"] for e in last} == {fresh}
+
+
+def test_episodes_start_from_the_operating_point_unless_the_method_is_online(policy_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "online.json"
+    args = _args(policy_dir, out, "--init-states", "40-42", "--methods", "ar,heisd,heisd_online", "--max-steps", "3",
+                 "--variants", "heisd_online=heisd", "--online-methods", "heisd_online", "--no-shadow-ar")
+    assert eval_libero.main(args) == 0
+    starts = {m: [e["verify_skip_start"]["min_similarity"] for e in _episodes(out.with_suffix(".jsonl"))
+                  if e["method"] == m] for m in ("heisd", "heisd_online")}
+    base = starts["heisd"][0]
+    assert starts["heisd"] == [base, base, base]  # independent episodes
+    # online: each failed 3-step episode raises min_S by the feedback step (0.005), in run order
+    assert starts["heisd_online"] == pytest.approx([base, base + 0.005, base + 0.010])
+    report = json.loads(out.read_text())
+    assert report["_meta"]["online_methods"] == ["heisd_online"] and "heisd_online" in report
