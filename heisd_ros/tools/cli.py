@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("heisd_ros.tools.replay", "play a rosbag2 into the policy node and record its outputs"),
     "demo": ("heisd_ros.tools.demo", "set up and run the policy node on a bag, with a summary"),
     "gen-demos": ("heisd_ros.tools.gen_demos", "generate scripted LIBERO demonstrations"),
+    "dagger": ("heisd_ros.tools.dagger", "roll a policy out in LIBERO and label the states it visits with the expert"),
     "train-vla": ("heisd_ros.tools.train_vla", "train the mini VLA on the demonstrations"),
     "train-prior": ("heisd_ros.tools.train_prior", "fit the proprioceptive action prior into a VLA copy"),
     "train-drafter": ("heisd_ros.tools.train_drafter", "train the EAGLE-style drafter head"),
