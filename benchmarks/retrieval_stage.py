@@ -3,8 +3,8 @@ whole (the engine's path before `search_near`) against the two-phase search, and
 prefill-verify forward pays for its tree.
 
 Usage:
-    python benchmarks/retrieval_stage.py --model models/mini_libero/vla --db artifacts/eval_object/db \\
-        --demos artifacts/eval_object/demos [--tasks 0-9] [--steps-per-task 40] [--pool 20] [--top-k 5] \\
+    python benchmarks/retrieval_stage.py --model models/mini_libero/vla --drafter models/mini_libero/drafter \\
+        --db artifacts/eval_object/db --demos artifacts/eval_object/demos [--tasks 0-9] [--steps-per-task 40] [--pool 20] [--top-k 5] \\
         [--threads 1] [--json out.json]
 
 1. Retrieval stage: for demonstration observations of every task (their own pixels through the
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, RetrievalConfig, StoreConfig, VerifySkipConfig
+from heisd_ros.core.drafter import load_drafter
 from heisd_ros.core.engine import HybridDecoder, embed_views, prompt_patches
 from heisd_ros.core.tree import sequence_tree
 from heisd_ros.core.types import Observation
@@ -99,9 +100,9 @@ def retrieval_stage(vla, store, obs: list[Observation], pool: int, top_k: int) -
     return {k: distribution(v) for k, v in times.items()}
 
 
-def skipped_steps(vla, prior, store, obs: list[Observation], cfg: DecoderConfig) -> dict:
-    decoders = {"whole_pool": HybridDecoder(vla, cfg, store=WholePool(store), state_prior=prior),
-                "two_phase": HybridDecoder(vla, cfg, store=store, state_prior=prior)}
+def skipped_steps(vla, prior, drafter, store, obs: list[Observation], cfg: DecoderConfig) -> dict:
+    decoders = {"whole_pool": HybridDecoder(vla, cfg, store=WholePool(store), drafter=drafter, state_prior=prior),
+                "two_phase": HybridDecoder(vla, cfg, store=store, drafter=drafter, state_prior=prior)}
     steps: dict[str, list] = {k: [] for k in decoders}
     for o in obs:
         for name, dec in decoders.items():
@@ -150,6 +151,7 @@ def first_forward(vla, obs: list[Observation], nodes: tuple[int, ...], repeats: 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
+    p.add_argument("--drafter", required=True)
     p.add_argument("--db", required=True)
     p.add_argument("--demos", required=True)
     p.add_argument("--tasks", default="0-9")
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     vla, prior = load_policy_model(args.model)
+    drafter = load_drafter(args.drafter, vla.language_model.config, torch.float32)
     store = make_store(StoreConfig(backend="edge", path=args.db))
     try:
         obs = observations(args.demos, parse_range(args.tasks), args.steps_per_task)
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             "git_rev": git_revision(), "db_points": store.count(), "queries": len(obs),
             "config": vars(args),
             "retrieval_stage_ms": retrieval_stage(vla, store, obs, args.pool, args.top_k),
-            "skipped_step": skipped_steps(vla, prior, store, obs, cfg),
+            "skipped_step": skipped_steps(vla, prior, drafter, store, obs, cfg),
             "first_forward_ms": first_forward(vla, obs, (8, 16, 32), repeats=min(len(obs), 100)),
         }
     finally:
