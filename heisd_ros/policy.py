@@ -19,8 +19,14 @@ import torch
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import load_drafter
 from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
-from heisd_ros.core.errors import DatabaseError, DatabaseUnavailableError, EmptyDatabaseError, ModelLoadError
-from heisd_ros.models.loader import DTYPES, load_policy_model
+from heisd_ros.core.errors import (
+    DatabaseError,
+    DatabaseUnavailableError,
+    EmptyDatabaseError,
+    ModelLoadError,
+)
+from heisd_ros.models.dtypes import DTYPES
+from heisd_ros.models.loader import load_policy_model
 from heisd_ros.pipeline.calibration import apply_calibration
 
 log = logging.getLogger(__name__)

@@ -11,15 +11,19 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from heisd_ros.core.action_tokenizer import NormStats, load_dataset_statistics, select_stats
+from heisd_ros.core.action_tokenizer import (
+    NormStats,
+    load_dataset_statistics,
+    select_stats,
+)
 from heisd_ros.core.config import from_dict
 from heisd_ros.core.errors import ConfigError, ModelLoadError
 from heisd_ros.core.model_api import VLA
+from heisd_ros.models.dtypes import DTYPES
 from heisd_ros.models.state_prior import StatePrior, load_state_prior
 from heisd_ros.models.text_tokenizer import HashWordTokenizer, HFTokenizer
 from heisd_ros.models.vla import VLAConfig, VLAModel
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RETIRED_KEYS = {"proprio_prev_gripper": False, "proprio_gripper_dwell": 0, "proprio_fourier": 0}
 """`heisd_vla` config keys of earlier versions, with the value that meant "off". Checkpoints saved
 then carry them; at that value they change nothing and are dropped."""

@@ -239,7 +239,7 @@ def load_openvla(directory: str | Path, dtype: str = "bfloat16", device: str = "
     error listing the known ones; None: the only one). `center_crop`: take the centre 90 % of each
     frame first, as OpenVLA's LIBERO fine-tunes expect (see `openvla_processor`).
     """
-    from heisd_ros.models.loader import DTYPES
+    from heisd_ros.models.dtypes import DTYPES
 
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")

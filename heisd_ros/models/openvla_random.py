@@ -167,7 +167,7 @@ def _write_shards(directory: Path, shapes: dict[str, tuple[int, ...]], spec: Ran
     """Draw and save the tensors shard by shard; write the index. Returns the weight bytes."""
     from safetensors.torch import save_file
 
-    from heisd_ros.models.loader import DTYPES
+    from heisd_ros.models.dtypes import DTYPES
 
     dtype = DTYPES[spec.dtype]
     item = torch.empty((), dtype=dtype).element_size()

@@ -239,7 +239,8 @@ def collect_refs(demos: str = "", bags: str = "", dataset: str = "", tasks: Sequ
     """Episodes of LIBERO HDF5 files (`demos`, optionally only task indices `tasks`) and rosbag2
     recordings (`bags`), named as `heisd build-db` names them: dataset = `dataset`, else the HDF5
     'suite' attribute, else '<parent of the bags dir>_bags'."""
-    from heisd_ros.pipeline.episodes import scan_bags, scan_hdf5
+    from heisd_ros.pipeline.episodes import scan_hdf5
+    from heisd_ros.pipeline.teleop_bags import scan_bags
 
     refs: list[EpisodeRef] = []
     if demos:

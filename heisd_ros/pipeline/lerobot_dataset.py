@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.pipeline.action_convention import ActionConvention, DemoDataError
-from heisd_ros.pipeline.episodes import VIEWS, DemoEpisode, EpisodeRef
+from heisd_ros.pipeline.demo_episode import VIEWS, DemoEpisode, EpisodeRef
 
 ROLES = (*VIEWS, "pose", "action", "gripper", "fingers")
 _COLUMN = re.compile(r"^(?P<key>[^\[\]]+?)(?:\[(?P<a>\d*):(?P<b>\d*)\]|\[(?P<idx>\d+(?:\s*,\s*\d+)*)\])?$")

@@ -44,7 +44,7 @@ from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.pipeline.action_convention import ActionConvention, DemoDataError
 from heisd_ros.pipeline.bags import (ARM_COMMAND, BOOL, COMPRESSED_IMAGE, IMAGE, JOINT_STATE, POSE, STRING, BagError,
                                      BagTopics, image_rgb, read_messages, topic_types)
-from heisd_ros.pipeline.episodes import EPISODES_PER_TASK, VIEWS, DemoEpisode, EpisodeRef
+from heisd_ros.pipeline.demo_episode import EPISODES_PER_TASK, VIEWS, DemoEpisode, EpisodeRef
 
 TWIST = "geometry_msgs/msg/TwistStamped"
 TWIST_UNSTAMPED = "geometry_msgs/msg/Twist"

@@ -9,7 +9,7 @@ Every field becomes one ROS parameter with a `ParameterDescriptor` whose descrip
 field's docstring. Values are read back into the dataclasses, so the dataclasses stay the only
 source of defaults and validation. Parameters that shape subscriptions, timers or the loaded
 model are read-only; the rest can be changed at run time and are re-validated on every change.
-`param_file` writes them out as config/policy.yaml (`python -m heisd_ros.ros.params > config/policy.yaml`).
+`param_file` writes them out as config/policy.yaml (`python -m heisd_ros.ros.param_file > config/policy.yaml`).
 """
 
 from __future__ import annotations
@@ -417,9 +417,3 @@ def validate_update(current: Mapping[str, Any], changes: Mapping[str, Any]) -> t
         return build_config(merged), ""
     except ConfigError as err:
         return None, str(err)
-
-
-if __name__ == "__main__":  # the parameter file generator, under the name users know
-    from heisd_ros.ros.param_file import main
-
-    raise SystemExit(main())

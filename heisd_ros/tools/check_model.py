@@ -321,7 +321,8 @@ def time_methods(s: Session, decoders: dict, steps: int) -> dict:
 def load(args: argparse.Namespace) -> tuple[object, object, torch.nn.Module]:
     """(VLA, state prior or None, drafter); ModelLoadError / UnknownTaskError when that fails."""
     from heisd_ros.core.drafter import EagleDrafter, load_drafter
-    from heisd_ros.models.loader import DTYPES, load_policy_model
+    from heisd_ros.models.dtypes import DTYPES
+    from heisd_ros.models.loader import load_policy_model
 
     vla, prior = load_policy_model(args.model, dtype=args.dtype, device=args.device)
     vla.stats(args.unnorm_key or None)  # an unknown or missing key names the known ones

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from heisd_ros.tools.eval_libero import EvalLiberoConfig
+    from heisd_ros.tools.eval_config import EvalLiberoConfig
 
 
 class TimedStore:
@@ -86,7 +86,8 @@ class Policies:
     def __init__(self, cfg: EvalLiberoConfig) -> None:
         from heisd_ros.core.drafter import load_drafter
         from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
-        from heisd_ros.models.loader import DTYPES, load_policy_model
+        from heisd_ros.models.dtypes import DTYPES
+        from heisd_ros.models.loader import load_policy_model
         from heisd_ros.policy import PolicyPaths, open_store, resolve_paths, resolve_query_views
 
         tiny = cfg.model_dir == "tiny"  # the tiny policy brings its own drafter, database and calibration

@@ -507,7 +507,7 @@ def test_parameter_file_is_complete_and_valid(tmp_path):
     stale = {s.name: (values[s.name], s.default) for s in param_specs()
              if values[s.name] != (list(s.default) if isinstance(s.default, tuple) else s.default)}
     assert not stale, f"config/policy.yaml differs from the defaults {stale}; regenerate it with " \
-                      "`python -m heisd_ros.ros.params > config/policy.yaml`"
+                      "`python -m heisd_ros.ros.param_file > config/policy.yaml`"
     text = (REPO / "config" / "policy.yaml").read_text()
     assert text.count("\n    # ") + text.count("\n      # ") + text.count("\n        # ") >= len(names)
 
@@ -517,7 +517,7 @@ def test_parameter_file_comments_match_the_field_docs():
     from heisd_ros.ros.param_file import policy_yaml
 
     assert (REPO / "config" / "policy.yaml").read_text() == policy_yaml(), (
-        "config/policy.yaml is out of date; regenerate it with `python -m heisd_ros.ros.params > config/policy.yaml`")
+        "config/policy.yaml is out of date; regenerate it with `python -m heisd_ros.ros.param_file > config/policy.yaml`")
 
 
 def _fake_launch_modules(arguments: dict[str, str]):

@@ -351,7 +351,7 @@ def test_bag_episodes_carry_the_finger_joints(tmp_path) -> None:
     """A model that reads the finger gap can be trained / indexed from bags as from HDF5."""
     from types import SimpleNamespace
 
-    from heisd_ros.pipeline.episodes import _finger_series, load_bag_episode
+    from heisd_ros.pipeline.teleop_bags import _finger_series, load_bag_episode
 
     ep = make_episode(3, size=16)
     ep.gripper_qpos[:] = np.linspace([0.04, -0.04], [0.01, -0.01], T)

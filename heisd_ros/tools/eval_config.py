@@ -1,0 +1,107 @@
+"""What `heisd eval-libero` runs: its configuration and the init states each kind of run may use
+(the evaluation, its closed loop and its report read it; nothing here runs anything)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from heisd_ros.core.config import METHODS
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.tools.eval_variants import MethodVariant
+from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
+
+PURPOSE_INIT_STATES = {"evaluation": tuple(EVAL_INIT_STATES), "calibration": tuple(range(20, 40))}
+"""Which LIBERO init states each kind of run may use."""
+
+
+@dataclass(frozen=True)
+class EvalLiberoConfig:
+    """What `heisd eval-libero` runs (defaults: the mini artifacts on LIBERO-Object)."""
+
+    model_dir: str = "artifacts/mini_vla"
+    """VLA checkpoint directory, or 'tiny' (the test policy, built under tiny_dir)."""
+    drafter_dir: str = "artifacts/mini_drafter"
+    db_path: str = "artifacts/mini_db"
+    calibration_path: str = "artifacts/mini_calibration.json"
+    tiny_dir: str = "artifacts/tiny"
+    suite: str = "libero_object"
+    tasks: tuple[int, ...] = tuple(range(10))
+    init_states: tuple[int, ...] = tuple(EVAL_INIT_STATES)
+    """LIBERO init state indices: 40-49 for an evaluation, 20-39 for a calibration run."""
+    methods: tuple[str, ...] = METHODS
+    """Methods and variant names, in the order they take turns."""
+    variants: tuple[MethodVariant, ...] = ()
+    """Named methods with changed DecoderConfig fields (ablations, candidate operating points)."""
+    subset_methods: tuple[str, ...] = ()
+    """Methods run only on `subset_init_states` (beside `methods`, in the same run and report)."""
+    subset_init_states: tuple[int, ...] = ()
+    purpose: str = "evaluation"
+    """'evaluation' (init states 40-49) or 'calibration' (init states 20-39: held out from the
+    demonstrations at 0-19 the database and the policy are built from, and from the evaluation)."""
+    max_steps: int = 280
+    """Control steps per episode (20 Hz) before it counts as a failure (LIBERO-Object's usual 280)."""
+    camera_size_px: int = 128
+    seed: int = 0
+    threads: int = 1
+    """torch CPU threads (fixed, so step latencies are comparable)."""
+    dtype: str = "float32"
+    unknown_task: str = "error"
+    """A task missing from the database: 'error' or 'drafter' (decode without retrieval)."""
+    gripper_hold_steps: int = 0
+    """DecoderConfig.gripper_hold_steps for every method (0 = off, as OpenVLA)."""
+    position_pool: int = 0
+    """RetrievalConfig.position_pool for every method (0 = off: Top-K by embedding similarity)."""
+    shadow_ar: bool = True
+    """On every lossy step (a skip, a relaxed acceptance) also decode greedy `ar` on the same
+    observation, outside the timed call, and log its tokens: the per-step deviation from ar."""
+    online_methods: tuple[str, ...] = ()
+    """Labels that keep episode feedback across episodes (Alg. 1's online stage, over the run's
+    task sequence: --tasks order, then --init-states order). Every other label starts each episode
+    from the configured operating point."""
+    out: str = "benchmarks/libero_object.json"
+    plots_dir: str = ""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.purpose not in PURPOSE_INIT_STATES:
+            raise ConfigError(f"purpose must be one of {sorted(PURPOSE_INIT_STATES)}, got {self.purpose!r}")
+        allowed = PURPOSE_INIT_STATES[self.purpose]
+        bad = sorted(set(self.init_states) - set(allowed))
+        if bad:
+            raise ConfigError(f"init states {bad} refused for {self.purpose}: it uses {allowed[0]}-{allowed[-1]} "
+                              "(0-19 are the demonstrations, 20-39 calibration, 40-49 evaluation)")
+        if not self.tasks or not self.init_states:
+            raise ConfigError("need at least one task and one init state")
+        if min(self.tasks) < 0:
+            raise ConfigError("task indices must be >= 0")
+        labels = (*METHODS, *(v.name for v in self.variants))
+        everything = (*self.methods, *self.subset_methods)
+        unknown = [m for m in everything if m not in labels]
+        if not self.methods or unknown or len(set(everything)) != len(everything):
+            raise ConfigError(f"methods must be distinct names from {labels}, got {list(everything)}")
+        if bool(self.subset_methods) != bool(self.subset_init_states) or \
+                not set(self.subset_init_states) <= set(self.init_states):
+            raise ConfigError("--subset-methods needs --subset-init-states, a part of --init-states")
+        if not set(self.online_methods) <= set(everything):
+            raise ConfigError(f"--online-methods {list(self.online_methods)} must be among the run's methods")
+        if self.max_steps < 1 or self.threads < 1:
+            raise ConfigError("max_steps and threads must be >= 1")
+        if not self.out.endswith(".json"):
+            raise ConfigError("--out must name a .json file")
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.out).with_suffix(".jsonl")
+
+    def methods_at(self, init_state: int) -> list[str]:
+        """The method labels that run on `init_state`, in turn order."""
+        return [*self.methods, *(self.subset_methods if init_state in self.subset_init_states else ())]
+
+    def triples(self) -> list[tuple[int, int, str]]:
+        """Every (task, init state, method label) of the run."""
+        return [(t, k, m) for t in self.tasks for k in self.init_states for m in self.methods_at(k)]
+
+    @property
+    def labels(self) -> list[str]:
+        return [*self.methods, *self.subset_methods]
