@@ -30,7 +30,7 @@ from heisd_ros.core.drafter import DrafterSession, EagleDrafter
 from heisd_ros.core.errors import DatabaseError, InvalidObservationError, UnknownTaskError
 from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.kinematics import FusedMetric
-from heisd_ros.core.model_api import VLA, ActionPrior
+from heisd_ros.core.model_api import VLA, ActionPrior, DecoderInputs
 from heisd_ros.core.source_choice import REASON_METHOD, SourceChoice, SourceDecision
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
@@ -160,6 +160,21 @@ class HybridDecoder:
         """Whether every observation must carry `gripper_gap` (the model's state token or the
         state prior reads it)."""
         return self.vla.reads_gripper_gap or self.state_prior is not None
+
+    @property
+    def inputs(self) -> DecoderInputs:
+        vla = self.vla
+        return DecoderInputs(views=tuple(self.cfg.views), reads_finger_gap=self.reads_finger_gap,
+                             image_hw=tuple(vla.input_hw), max_positions=int(vla.max_positions),
+                             instruction_tokens=vla.instruction_tokens, prompt_length=vla.prompt_length)
+
+    def known_tasks(self) -> list[str]:
+        if self.store is None:
+            return []
+        try:
+            return list(self.store.tasks())
+        except DatabaseError:
+            return []
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, instruction: str | None = None) -> None:

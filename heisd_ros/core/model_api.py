@@ -1,18 +1,23 @@
-"""What the decoding core needs from a VLA (OpenVLA's surface) and from an action prior, as Protocols.
+"""The interfaces between the layers, as Protocols: what the decoding core needs from a VLA (OpenVLA's
+surface) and from an action prior, and what a control loop (the ROS node, replay, an evaluation)
+needs from a decoder.
 
 `heisd_ros.models.vla.VLAModel` (tiny and mini models) and `heisd_ros.models.openvla.OpenVLAAdapter`
 (real OpenVLA checkpoints) implement `VLA`; `heisd_ros.models.state_prior.StatePrior` implements
-`ActionPrior`. The engine never imports any of them.
+`ActionPrior`; `heisd_ros.core.engine.HybridDecoder` implements `Decoder`. The engine never imports
+any model class, and the node never imports the engine's.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from heisd_ros.core.action_tokenizer import ActionTokenizer, NormStats
+from heisd_ros.core.types import Observation, StepStats
 
 
 class VLA(Protocol):
@@ -58,6 +63,24 @@ class VLA(Protocol):
 
     def stats(self, unnorm_key: str | None = None) -> NormStats: ...
 
+    @property
+    def input_hw(self) -> tuple[int, int]:
+        """(height, width) every view is resized to."""
+        ...
+
+    @property
+    def max_positions(self) -> int:
+        """Positions the language model was built for."""
+        ...
+
+    def instruction_tokens(self, instruction: str) -> int:
+        """Tokens of the instruction alone, by the model's own tokenizer."""
+        ...
+
+    def prompt_length(self, instruction: str) -> int:
+        """Positions of the whole prompt (BOS, visual tokens, state, text)."""
+        ...
+
 
 class ActionPrior(Protocol):
     """A per-step bias over each action dimension's 256 bins from the robot's state, added to the
@@ -66,4 +89,55 @@ class ActionPrior(Protocol):
     def bias(self, instruction: str, ee_pos, gripper_gap: float | None) -> torch.Tensor | None:
         """[7, 256] in action-column order (column j = token first_token_id + j), or None where
         the prior does not know the task (the VLA then decides alone)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DecoderInputs:
+    """What a decoder reads from every observation and what its model takes (None: not known), so
+    a control loop can check its inputs before a step."""
+
+    views: tuple[str, ...]
+    """Camera views every observation must carry (primary first)."""
+    reads_finger_gap: bool = False
+    """Every observation must carry `gripper_gap` (the model's state token or a state prior reads it)."""
+    image_hw: tuple[int, int] | None = None
+    """The model's input frame (height, width)."""
+    max_positions: int | None = None
+    """The language model's positions."""
+    instruction_tokens: Callable[[str], int] | None = None
+    """Tokens of an instruction alone, by the model's tokenizer."""
+    prompt_length: Callable[[str], int] | None = None
+    """Positions of the whole prompt for an instruction."""
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """One policy step at a time, episode by episode: what the node, replay and the evaluation use."""
+
+    @property
+    def inputs(self) -> DecoderInputs: ...
+
+    def known_tasks(self) -> list[str]:
+        """The tasks its database holds demonstrations of ([] without a database, or while it is down)."""
+        ...
+
+    def reset(self, instruction: str | None = None) -> None:
+        """Start an episode (None: idle); per-episode state is cleared."""
+        ...
+
+    def step(self, obs: Observation) -> tuple[np.ndarray, StepStats]:
+        """The action [7] for one observation and what the step did; raises HeisdError on bad input."""
+        ...
+
+    def episode_feedback(self, success: bool) -> None:
+        """The episode's outcome (verify-skip feedback where the decoder adapts)."""
+        ...
+
+    def health(self) -> tuple[bool, str]:
+        """(ok, status) of what the decoder depends on (its database); never raises."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (an embedded database's file lock)."""
         ...

@@ -24,13 +24,14 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from heisd_ros.core.errors import InputLimitError
-from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.core.config import require
+from heisd_ros.core.errors import InputLimitError
+from heisd_ros.core.model_api import Decoder
+from heisd_ros.core.types import ACTION_DIM
 
 QUOTE_CHARS = 80
 """Longest prefix of a refused input quoted in a log line or diagnostic."""
@@ -183,15 +184,11 @@ class ModelInput:
         return ""
 
 
-def model_input(decoder: Any) -> ModelInput:
-    """The `ModelInput` of a decoder whose model (`decoder.vla`) says its input size, positions and
-    token counts; an empty one (no model checks) for a decoder that does not."""
-    vla = getattr(decoder, "vla", None)
-    hw = getattr(vla, "input_hw", None)
-    positions = getattr(vla, "max_positions", None)
-    return ModelInput(image_hw=tuple(hw) if hw else None, max_positions=positions,
-                      instruction_tokens=getattr(vla, "instruction_tokens", None),
-                      prompt_length=getattr(vla, "prompt_length", None))  # fmt: skip
+def model_input(decoder: Decoder) -> ModelInput:
+    """The `ModelInput` of a decoder (what its model says of its input size, positions and tokens)."""
+    i = decoder.inputs
+    return ModelInput(image_hw=tuple(i.image_hw) if i.image_hw else None, max_positions=i.max_positions,
+                      instruction_tokens=i.instruction_tokens, prompt_length=i.prompt_length)
 
 
 TRIM_AFTER_BYTES = 8 << 20

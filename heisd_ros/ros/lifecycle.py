@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 
-from heisd_ros.core.errors import DatabaseError, HeisdError, ModelLoadError
+from heisd_ros.core.errors import HeisdError, ModelLoadError
+from heisd_ros.core.model_api import Decoder
 from heisd_ros.core.types import Observation
 from heisd_ros.ros.input_limits import model_input
 from heisd_ros.ros.params import PolicyNodeConfig
@@ -35,7 +36,7 @@ the kinematic boundary sends to retrieval under the usual calibrations (docs/des
 retrieval path is warmed as well as the drafter's."""
 
 
-def load_decoder(cfg: PolicyNodeConfig) -> Any:
+def load_decoder(cfg: PolicyNodeConfig) -> Decoder:
     """The HybridDecoder of the node's configuration (heisd_ros.policy.load_policy), read only from
     the directories it names."""
     from pathlib import Path
@@ -51,33 +52,29 @@ def load_decoder(cfg: PolicyNodeConfig) -> Any:
     return load_policy(paths, cfg.decoder, cfg.store, torch_threads=n.torch_threads, build_tiny=False)
 
 
-def _warmup_instruction(decoder: Any, cfg: PolicyNodeConfig) -> str:
+def _warmup_instruction(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
     """The node's task, else the first task of the decoder's database, else a generic instruction."""
     if cfg.node.task:
         return cfg.node.task
-    store = getattr(decoder, "store", None)
-    try:
-        tasks = store.tasks() if store is not None else []
-    except DatabaseError:
-        tasks = []
+    tasks = decoder.known_tasks()
     return tasks[0] if tasks else WARMUP_INSTRUCTION
 
 
-def warmup_observations(decoder: Any, cfg: PolicyNodeConfig, steps: int) -> list[Observation]:
+def warmup_observations(decoder: Decoder, cfg: PolicyNodeConfig, steps: int) -> list[Observation]:
     """`steps` synthetic observations: mid-grey frames of the model's input size (else the node's
     expected size) for every view, an end effector moving `WARMUP_STEP_M` per step along x, the
     finger gap half open."""
     hw = model_input(decoder).image_hw or cfg.node.expected_hw
     frame = np.full((*hw, 3), 128, dtype=np.uint8)
     instruction = _warmup_instruction(decoder, cfg)
-    gap = 0.04 if getattr(decoder, "reads_finger_gap", False) else None
+    gap = 0.04 if decoder.inputs.reads_finger_gap else None
     return [Observation(images={v: frame.copy() for v in cfg.decoder.views}, instruction=instruction,
                         ee_pos=np.array([0.4 + WARMUP_STEP_M * k, 0.0, 0.3]), task=cfg.node.task or None,
                         stamp_s=k * cfg.node.control_period_s, gripper_gap=gap)
             for k in range(steps)]  # fmt: skip
 
 
-def warm_up(decoder: Any, cfg: PolicyNodeConfig) -> str:
+def warm_up(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
     """Decode `warmup_steps` synthetic steps, then reset the decoder: its episode state (trajectory
     window, verify-skip run, the source choice's measured step costs) is cleared, so the warm-up never
     biases the first episode (a cold retrieval measured against a warm drafter would keep heisd on
@@ -184,13 +181,9 @@ class ManagedPolicy:
             raise HeisdError("activate failed; see the log")
 
 
-def close_decoder(decoder: Any, logger: Any) -> None:
-    """Release a decoder's resources (the embedded database holds a file lock): HybridDecoder.close()
-    when it has one, else its store's."""
-    close = getattr(decoder, "close", None) or getattr(getattr(decoder, "store", None), "close", None)
-    if close is None:
-        return
+def close_decoder(decoder: Decoder, logger: Any) -> None:
+    """Release a decoder's resources (the embedded database holds a file lock); a failure is a warning."""
     try:
-        close()
+        decoder.close()
     except HeisdError as err:
         logger.warning(f"closing the decoder: {err}")

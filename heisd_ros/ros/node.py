@@ -48,13 +48,19 @@ from std_msgs.msg import Bool, String
 
 from heisd_ros.core.errors import HeisdError, InvalidObservationError
 from heisd_ros.core.gripper import finger_gap
+from heisd_ros.core.model_api import Decoder
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
 from heisd_ros.ros.input_limits import check_instruction
 from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
 from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
 from heisd_ros.ros.outputs import CommandOutputs
-from heisd_ros.ros.params import PolicyNodeConfig, build_config, declare_all, validate_update
+from heisd_ros.ros.params import (
+    PolicyNodeConfig,
+    build_config,
+    declare_all,
+    validate_update,
+)
 from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos
 from heisd_ros.ros.standalone_args import ros_args
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
@@ -82,7 +88,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     DatabaseError...), with the reason.
     """
 
-    def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Any] | None = None,
+    def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Decoder] | None = None,
                  node_name: str = "policy_node", **node_kwargs: Any) -> None:  # fmt: skip
         super().__init__(node_name, **node_kwargs)
         started = False
@@ -112,14 +118,14 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         )
 
     # ------------------------------------------------------------------ configure's resources
-    def _open_session(self, decoder: Any) -> None:
+    def _open_session(self, decoder: Decoder) -> None:
         """Everything configure creates around the loaded decoder."""
         n = self.cfg.node
         self._decoder = decoder
         with self._inputs_lock:
             self._sync = ApproxTimeSync(_sync_config(self.cfg))
             self._gap: tuple[float, float] | None = None  # (header stamp s, finger gap m) of the newest joint_states
-        self._reads_gap = bool(getattr(decoder, "reads_finger_gap", False))
+        self._reads_gap = decoder.inputs.reads_finger_gap
         self._watchdog = Watchdog()
         before = list(self.publishers)
         self._outputs = CommandOutputs(self, n)

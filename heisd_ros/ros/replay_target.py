@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.core.model_api import Decoder
 from heisd_ros.pipeline import bags
 from heisd_ros.ros.bag_stream import RoutePlan, stream_segments
 from heisd_ros.ros.params import PolicyNodeConfig, build_config, param_specs
@@ -183,14 +184,14 @@ def first_steps(bag: str | Path, plan: RoutePlan, slop_s: float, n: int) -> list
     return out
 
 
-def _observation(decoder: Any, cfg: PolicyNodeConfig, step: StepInputs) -> Any:
+def _observation(decoder: Decoder, cfg: PolicyNodeConfig, step: StepInputs) -> Any:
     from heisd_ros.core.gripper import finger_gap
     from heisd_ros.core.types import Observation
 
     if step.pose is None or not step.instruction or set(step.frames) != set(cfg.decoder.views):
         raise ConfigError("a step of the bag lacks a view, the pose or the instruction")
     gap = None
-    if getattr(decoder, "reads_finger_gap", False):
+    if decoder.inputs.reads_finger_gap:
         if step.joints is None:
             raise ConfigError("the model reads the finger gap and the bag's step has no joint states")
         names = list(step.joints.name)
@@ -201,7 +202,7 @@ def _observation(decoder: Any, cfg: PolicyNodeConfig, step: StepInputs) -> Any:
                        task=cfg.node.task or None, stamp_s=step.stamp_s, gripper_gap=gap)  # fmt: skip
 
 
-def warm_up(decoder: Any, cfg: PolicyNodeConfig, steps: list[StepInputs]) -> None:
+def warm_up(decoder: Decoder, cfg: PolicyNodeConfig, steps: list[StepInputs]) -> None:
     """Decode the bag's first steps as an episode would, then reset the decoder: the node starts its
     first episode from a clean state, but every path those steps took (vision traces per view count,
     the database, the drafter, verification) has paid its first-call cost. Warming one step alone is

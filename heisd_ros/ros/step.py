@@ -20,12 +20,24 @@ from typing import Any, Callable, ContextManager, Protocol
 
 import numpy as np
 
-from heisd_ros.core.errors import (DatabaseError, HeisdError, InputLimitError, InvalidObservationError,
-                                   UnknownTaskError)
+from heisd_ros.core.errors import (
+    DatabaseError,
+    HeisdError,
+    InputLimitError,
+    InvalidObservationError,
+    UnknownTaskError,
+)
+from heisd_ros.core.model_api import Decoder
 from heisd_ros.core.types import Observation, StepStats
 from heisd_ros.ros import conversions as conv
-from heisd_ros.ros.input_limits import (TRIM_AFTER_BYTES, TRIM_STEPS, PoseGate, check_frame_shape, model_input,
-                                        release_memory)
+from heisd_ros.ros.input_limits import (
+    TRIM_AFTER_BYTES,
+    TRIM_STEPS,
+    PoseGate,
+    check_frame_shape,
+    model_input,
+    release_memory,
+)
 from heisd_ros.ros.outputs import CommandOutputs
 from heisd_ros.ros.params import NodeConfig, PolicyNodeConfig
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
@@ -83,7 +95,7 @@ class StepRunner:
     gate: where commands are allowed.
     """
 
-    def __init__(self, decoder: Any, *, config: Callable[[], PolicyNodeConfig], clock_s: Callable[[], float],
+    def __init__(self, decoder: Decoder, *, config: Callable[[], PolicyNodeConfig], clock_s: Callable[[], float],
                  finger_gap: Callable[[float], tuple[float | None, str]] | None, watchdog: Watchdog,
                  outputs: CommandOutputs, gate: Gate, status: NodeStatus, logger: Any) -> None:  # fmt: skip
         self._decoder = decoder

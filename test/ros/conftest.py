@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from fake_decoder import FakeDecoder
 
 from heisd_ros.core.config import StoreConfig
 from heisd_ros.store.schema import DemoPoint
@@ -62,58 +63,6 @@ SIZE = (8, 8)
 # few hundred ms does not turn a fresh set stale (a CI failure at 0.3 s), still far below the sleeps
 # of the staleness cases.
 STALENESS_S = 0.6
-
-
-class FakeDecoder:
-    """Scripted decoder: action = [ee_pos, 0.1, 0.2, 0.3, gripper]; failure switches for tests."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
-        self.resets: list[str | None] = []
-        self.feedback: list[bool] = []
-        self.steps = 0
-        self.closed = False
-        self.db_down = False
-        self.big_action = False
-        self.huge_action = False  # beyond action_limits
-        self.nan_action = False
-        self.fallback = ""
-
-    def reset(self, instruction):
-        self.resets.append(instruction)
-
-    def step(self, obs):
-        import math
-        import time
-
-        from heisd_ros.core.errors import DatabaseUnavailableError, UnknownTaskError
-        from heisd_ros.core.types import StepStats
-
-        if obs.task_key == "an unknown task":
-            raise UnknownTaskError(f"no demonstrations for task {obs.task_key!r}")
-        if self.db_down:
-            raise DatabaseUnavailableError("database directory /nonexistent is missing")
-        assert set(obs.images) == set(VIEWS) and obs.images["wrist"].dtype == np.uint8
-        time.sleep(self.delay_s)
-        self.steps += 1
-        a = np.concatenate([obs.ee_pos, [0.1, 0.2, 0.3, 1.0]])
-        if self.big_action:
-            a[0] = 1.5  # beyond max_abs_action (clipped), within action_limits
-        if self.huge_action:
-            a[4] = -7.5
-        if self.nan_action:
-            a[2] = math.nan
-        return a, StepStats(mode="drafter", method="heisd", llm_forwards=2, tokens_per_forward=[4, 3],
-                            latency_ms={"total": 1000 * self.delay_s}, tokens=tuple(range(7)), fallback=self.fallback)
-
-    def episode_feedback(self, success):
-        self.feedback.append(success)
-
-    def health(self):
-        return (not self.db_down, "database missing" if self.db_down else "ok")
-
-    def close(self):
-        self.closed = True
 
 
 class NodeRig:
@@ -201,11 +150,10 @@ class NodeRig:
     def _make_clients(self, name: str) -> None:
         """Clients of the policy node's services and action, made on the executor's thread: rclpy's
         ActionClient registers itself with the executor before it is fully built."""
+        from heisd_ros.action import RunTask
         from lifecycle_msgs.srv import ChangeState, GetState
         from rclpy.action import ActionClient
         from std_srvs.srv import SetBool, Trigger
-
-        from heisd_ros.action import RunTask
 
         def make() -> None:
             for c in self.clients.values():

@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 import pytest
+from fake_decoder import FakeDecoder
 from geometry_msgs.msg import PoseStamped, TwistStamped
 from std_msgs.msg import Float64MultiArray
 
-from heisd_ros.core.types import StepStats
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.qos import EVENT_QOS
 
@@ -41,26 +41,6 @@ OUTPUTS = {"twists": (TwistStamped, "delta_twist_cmds"), "targets": (PoseStamped
 """Recorded arm-stack outputs: name -> (type, default topic)."""
 
 
-class FixedDecoder:
-    """The node's decoder contract, returning ACTION at every step."""
-
-    def reset(self, instruction):
-        pass
-
-    def step(self, obs):
-        return ACTION.copy(), StepStats(mode="drafter", method="heisd", llm_forwards=1, tokens_per_forward=[7],
-                                        latency_ms={"total": 1.0}, tokens=tuple(range(7)))  # fmt: skip
-
-    def episode_feedback(self, success):
-        pass
-
-    def health(self):
-        return True, "ok"
-
-    def close(self):
-        pass
-
-
 @pytest.fixture(scope="module")
 def rig(node_rig):
     """The shared rig, also recording each arm-stack output with the rig's clock at arrival."""
@@ -72,7 +52,7 @@ def rig(node_rig):
 
 
 def _start(rig, **params):
-    node = rig.start(FixedDecoder(), control_rate_hz=RATE_HZ, command_frame_id=FRAME, **params)
+    node = rig.start(FakeDecoder(forwards=1, ms_per_forward=1.0, action=lambda obs, n: ACTION), control_rate_hz=RATE_HZ, command_frame_id=FRAME, **params)
     out = node._outputs
     pubs = [p for p in (out.servo_twist, out.pose_target, out.gripper_trajectory, out.gripper_positions) if p]
     assert rig.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 5.0), "discovery timed out"

@@ -7,16 +7,17 @@ with use_sim_time:=true and its inputs remapped to the recording's topic names."
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import numpy as np
 import pytest
 import rclpy
+from fake_decoder import FakeDecoder
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
-from heisd_ros.core.types import StepStats
 from heisd_ros.pipeline.bags import read_topics, topic_types
 from heisd_ros.ros.bag_stream import Route, RoutePlan, stream_segments
 from heisd_ros.ros.node import PolicyNode
@@ -37,24 +38,6 @@ REMAPS = ["--ros-args", "-r", f"agentview/image_raw:={CAMERAS[0]}", "-r", f"wris
           "-r", f"ee_pose:={POSE}"]  # fmt: skip
 
 
-class Decoder:
-    def __init__(self, cfg) -> None:
-        self.method = cfg.decoder.method
-
-    def reset(self, instruction):
-        pass
-
-    def step(self, obs):
-        return np.zeros(7), StepStats(mode="drafter", method=self.method, llm_forwards=1, tokens=tuple(range(7)),
-                                      latency_ms={"total": 1.0})  # fmt: skip
-
-    def episode_feedback(self, success):
-        pass
-
-    def health(self):
-        return True, "ok"
-
-
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
     path = tmp_path_factory.mktemp("rec") / "robot"
@@ -72,7 +55,7 @@ def bag_play(bag, sim_time: bool) -> tuple[list, list[int]]:
     node_ctx, play_ctx = rclpy.Context(), rclpy.Context()
     rclpy.init(context=node_ctx, domain_id=DOMAIN_ID)
     rclpy.init(context=play_ctx, domain_id=DOMAIN_ID)
-    node = PolicyNode(Decoder, context=node_ctx, cli_args=REMAPS, parameter_overrides=[
+    node = PolicyNode(functools.partial(FakeDecoder, forwards=1, ms_per_forward=1.0), context=node_ctx, cli_args=REMAPS, parameter_overrides=[
         Parameter("model_dir", value="fake"), Parameter("control_rate_hz", value=100.0),
         Parameter("use_sim_time", value=sim_time), Parameter("command_enabled", value=True)])  # fmt: skip
     player_node = rclpy.create_node("rosbag2_player", context=play_ctx)

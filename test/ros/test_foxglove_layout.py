@@ -9,12 +9,11 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 import rclpy
+from fake_decoder import FakeDecoder
 from rclpy.parameter import Parameter
 
-from heisd_ros.core.types import StepStats
 from heisd_ros.ros.node import PolicyNode
 
 pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
@@ -23,23 +22,12 @@ LAYOUT = Path(__file__).resolve().parents[2] / "config" / "foxglove_layout.json"
 PANELS = {"Image", "Plot", "StateTransitions", "DiagnosticSummary", "DiagnosticStatusPanel", "RawMessages"}
 
 
-class Decoder:
-    def __init__(self, cfg) -> None:
-        pass
-
-    def reset(self, instruction):
-        pass
-
-    def step(self, obs):
-        return np.zeros(7), StepStats()
-
-
 @pytest.fixture(scope="module")
 def node_topics() -> dict[str, type]:
     """Topic -> message class of everything the node (default parameters) publishes or subscribes to."""
     ctx = rclpy.Context()
     rclpy.init(context=ctx, domain_id=86)
-    node = PolicyNode(Decoder, context=ctx, parameter_overrides=[Parameter("model_dir", value="fake")])
+    node = PolicyNode(FakeDecoder, context=ctx, parameter_overrides=[Parameter("model_dir", value="fake")])
     try:
         ends = list(node.publishers) + list(node.subscriptions)
         return {e.topic_name: e.msg_type for e in ends if e.topic_name not in ("/rosout", "/parameter_events")}

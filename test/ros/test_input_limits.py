@@ -121,7 +121,10 @@ def vla():
 
 
 def test_model_input_reads_the_model(vla):
-    mi = model_input(type("Decoder", (), {"vla": vla})())
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+
+    mi = model_input(HybridDecoder(vla, DecoderConfig(method="ar")))
     assert mi.image_hw == (64, 64) and mi.max_positions == 1024
     assert mi.instruction_problem("pick up the red bowl", LIM) == ""
     many = " ".join(["word"] * 300)
@@ -132,7 +135,9 @@ def test_model_input_reads_the_model(vla):
 
 
 def test_a_decoder_without_a_model_gets_no_model_checks():
-    mi = model_input(object())
+    from fake_decoder import FakeDecoder
+
+    mi = model_input(FakeDecoder())
     assert mi == ModelInput() and mi.instruction_problem("x " * 5000, LIM) == ""
 
 

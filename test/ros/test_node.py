@@ -598,16 +598,12 @@ def test_launch_file_compiles():
     compile(path.read_text(), str(path), "exec")
 
 
-FAKE_MAIN = """
-import sys, numpy as np
-from heisd_ros.core.types import StepStats
+FAKE_MAIN = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from fake_decoder import FakeDecoder
 from heisd_ros.ros import node
-class D:
-    def reset(self, i): pass
-    def step(self, obs): return np.zeros(7), StepStats()
-    def episode_feedback(self, s): pass
-    def health(self): return True, 'ok'
-node.load_decoder = lambda cfg: D()
+node.load_decoder = FakeDecoder
 sys.exit(node.main(sys.argv[1:]))
 """
 

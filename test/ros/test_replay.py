@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import rclpy
+from fake_decoder import FakeDecoder
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.core.types import StepStats
 from heisd_ros.pipeline.bags import BagError, read_messages, topic_types
 from heisd_ros.ros import replay_target
 from heisd_ros.ros.bag_stream import StreamLog, plan_routes, stream_segments
@@ -26,31 +26,8 @@ pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 DOMAIN_ID = 62
 REPO = Path(__file__).resolve().parents[2]
 
-
-class Decoder:
-    """Scripted decoder: the method from the config, one mode per step parity, 64x64 views checked."""
-
-    def __init__(self, cfg) -> None:
-        self.method = cfg.decoder.method
-        self.steps = 0
-        self.resets = []
-
-    def reset(self, instruction):
-        self.resets.append(instruction)
-
-    def step(self, obs):
-        assert {k: v.shape for k, v in obs.images.items()} == {"agentview": (64, 64, 3), "wrist": (64, 64, 3)}
-        self.steps += 1
-        mode = "ar" if self.method == "ar" else ("retrieval" if self.steps % 2 else "drafter")
-        fwd = 7 if self.method == "ar" else 2
-        return np.zeros(7), StepStats(mode=mode, method=self.method, llm_forwards=fwd, tokens=tuple(range(7)),
-                                      latency_ms={"total": 3.0 * fwd})
-
-    def episode_feedback(self, success):
-        pass
-
-    def health(self):
-        return True, "ok"
+scripted = functools.partial(FakeDecoder, modes=("drafter", "retrieval"), ms_per_forward=3.0, image_shape=(64, 64, 3))
+"""The method from the config, the mode by step parity, 64x64 views checked, 3 ms per LLM forward."""
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +83,7 @@ def test_make_bag_is_deterministic_and_validates(tmp_path):
 
 def test_fast_replay_one_command_per_synchronised_step(bag, tmp_path):
     cfg = _cfg(tmp_path, params=("control_rate_hz:=50.0", "diagnostics_period_s:=0.2", "command_frame_id:=base_link"))
-    result = rp.replay(bag, cfg, decoder_factory=Decoder)
+    result = rp.replay(bag, cfg, decoder_factory=scripted)
     row = result["methods"]["heisd"]
     assert row["bag_steps"] == 12 and row["decoded_steps"] == 12 and row["commands"] == 12 and row["timeouts"] == 0
     assert row["mode_mix"] == {"drafter": 6, "retrieval": 6} and row["forwards_per_step"] == 2.0
@@ -127,7 +104,7 @@ def test_several_methods_on_sqlite_bag(tmp_path):
     src = tmp_path / "in_sqlite"
     make_bag(src, MakeBagConfig(episodes=2, steps=3, storage="sqlite3", seed=4))
     cfg = _cfg(tmp_path, methods=("ar", "heisd"))
-    result = rp.replay(src, cfg, decoder_factory=Decoder)
+    result = rp.replay(src, cfg, decoder_factory=scripted)
     assert set(result["methods"]) == {"ar", "heisd"}
     assert result["methods"]["ar"]["forwards_per_step"] == 7.0 and result["methods"]["ar"]["decoded_steps"] == 6
     heisd = result["methods"]["heisd"]
@@ -168,14 +145,14 @@ def test_compressed_bag(tmp_path):
     src = tmp_path / "in_png"
     make_bag(src, MakeBagConfig(steps=4, compressed="png", seed=5))
     cfg = _cfg(tmp_path, params=("control_rate_hz:=50.0", "compressed_images:=true"))
-    assert rp.replay(src, cfg, decoder_factory=Decoder)["methods"]["heisd"]["commands"] == 4
+    assert rp.replay(src, cfg, decoder_factory=scripted)["methods"]["heisd"]["commands"] == 4
 
 
 def test_paced_replay_into_a_running_node(bag, tmp_path):
     """No --start-node: the node runs on its own (here in another context of this process)."""
     ctx = rclpy.Context()
     rclpy.init(context=ctx, domain_id=DOMAIN_ID)
-    node = PolicyNode(Decoder, context=ctx, parameter_overrides=[
+    node = PolicyNode(scripted, context=ctx, parameter_overrides=[
         Parameter("model_dir", value="fake"), Parameter("control_rate_hz", value=40.0),
         Parameter("command_enabled", value=True)])  # fmt: skip
     ex = SingleThreadedExecutor(context=ctx)

@@ -8,14 +8,14 @@ all in its second half: a replay that held the bag would grow by its 1.2 GB."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from fake_decoder import FakeDecoder
 
-from heisd_ros.core.types import StepStats
 from heisd_ros.pipeline.bags import topic_types
 from heisd_ros.ros import replay_target
 from heisd_ros.ros.bag_stream import StreamLog, plan_routes, stream_segments
@@ -29,25 +29,6 @@ DOMAIN_ID = 84
 REPO = Path(__file__).resolve().parents[2]
 SECONDS = 20.0
 MAPS = ("/cam_high/image_raw=agentview,/cam_wrist/image_raw=wrist,/ee=pose",)
-
-
-class Decoder:
-    def __init__(self, cfg) -> None:
-        self.method = cfg.decoder.method
-
-    def reset(self, instruction):
-        pass
-
-    def step(self, obs):
-        assert obs.images["agentview"].shape == (480, 640, 3)
-        return np.zeros(7), StepStats(mode="drafter", method=self.method, llm_forwards=1, tokens=tuple(range(7)),
-                                      latency_ms={"total": 1.0})  # fmt: skip
-
-    def episode_feedback(self, success):
-        pass
-
-    def health(self):
-        return True, "ok"
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +88,8 @@ def test_replay_memory_is_bounded(long_bag, tmp_path):
                                   "pose_staleness_s:=2.0"),
                           settle_s=0.5, warmup_steps=1)  # fmt: skip
     with Sampler() as s:
-        result = rp.replay(long_bag, cfg, decoder_factory=Decoder)
+        result = rp.replay(long_bag, cfg, decoder_factory=functools.partial(FakeDecoder, forwards=1, ms_per_forward=1.0,
+                                                                        image_shape=(480, 640, 3)))
     row = result["methods"]["heisd"]
     assert row["bag_steps"] == 600 and row["commands"] > 100
     rss = row["rss_mb"]

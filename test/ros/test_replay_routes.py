@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rclpy
+from fake_decoder import FakeDecoder
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.core.types import StepStats
 from heisd_ros.pipeline.bags import read_messages, read_topics
 from heisd_ros.ros.node import PolicyNode
 from heisd_ros.tools import replay as rp
@@ -28,35 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 MAPS = ("/cam_high/image_raw=agentview,/cam_wrist/image_raw=wrist", "/ee=pose")
 
 
-class Decoder:
-    """Scripted decoder that remembers every observation's position and its resets."""
-
-    def __init__(self, cfg) -> None:
-        self.method = cfg.decoder.method
-        self.positions: list[np.ndarray] = []
-        self.resets: list = []
-
-    def reset(self, instruction):
-        self.resets.append((len(self.positions), instruction))
-
-    def step(self, obs):
-        assert set(obs.images) == {"agentview", "wrist"}
-        self.positions.append(np.asarray(obs.ee_pos))
-        mode = "ar" if self.method == "ar" else ("retrieval", "drafter", "skip")[len(self.positions) % 3]
-        return np.full(7, 0.01 * len(self.positions)), StepStats(
-            mode=mode, method=self.method, llm_forwards=7 if mode == "ar" else 1, tokens=tuple(range(7)),
-            latency_ms={"total": 2.0 + len(self.positions) % 5})
-
-    def episode_feedback(self, success):
-        pass
-
-    def health(self):
-        return True, "ok"
-
-
 def factory(made: list):
     def build(cfg):
-        made.append(Decoder(cfg))
+        made.append(FakeDecoder(cfg, modes=("retrieval", "drafter", "skip"), forwards=1, ms_per_forward=2.0,
+                                action=lambda obs, n: np.full(7, 0.01 * n)))
         return made[-1]
 
     return build
@@ -93,7 +68,7 @@ def test_unmapped_topics_are_left_out_and_each_step_gets_its_own_pose(recording,
     assert printed.count("not replayed:") == 1 and "nothing subscribes to ['/joint_states']" in printed
     # warm-up: two unmeasured decodes, then a reset; the node resets again for its first episode
     decoder = made[0]
-    assert len(decoder.positions) == 62 and [k for k, _ in decoder.resets][:2] == [0, 2]
+    assert len(decoder.positions) == 62 and decoder.reset_steps[:2] == [0, 2]
     ids = [m.step_id for _, m in read_topics(cfg.out)["/decode_stats"]]
     assert ids == list(range(1, 61))
     # the recorder wrote each pose after its step's images: every step still decodes its own pose
