@@ -103,10 +103,11 @@ def warm_up(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
 
 class ManagedPolicy:
     """The transitions of PolicyNode (a mixin before rclpy's LifecycleNode): they call the node's
-    `_open_session` / `_close_session` (configure's resources) and its TaskControl `_task`."""
+    `_open_session` / `_close_session` (its `Session`, configure's resources) and its TaskControl `_task`."""
 
     configure_error: str = ""
     """Why the last configure failed ('' after a successful one)."""
+    _configure_exception: BaseException | None = None
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         n = self.cfg.node
@@ -128,13 +129,14 @@ class ManagedPolicy:
     def _configure_failed(self, reason: str, decoder: Any, err: BaseException, code: Any) -> Any:
         self.configure_error, self._configure_exception = reason, err
         self.get_logger().error(f"configure failed: {reason}")
-        self._close_session()
-        if decoder is not None and "_decoder" not in self.__dict__:
+        if self._session is not None:
+            self._close_session()  # the decoder with it
+        elif decoder is not None:  # loaded, but no session took it (a failed warm-up or session)
             close_decoder(decoder, self.get_logger())
         return code
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._control_timer = self.create_timer(self.cfg.node.control_period_s, self._on_tick)
+        self._session.start_control(self.cfg.node.control_period_s, self._on_tick)
         self._task.activate()
         self.get_logger().info(f"active: {self._task.commanding}")
         return super().on_activate(state)
@@ -165,15 +167,14 @@ class ManagedPolicy:
         self._close_session()
 
     def _stop_control_timer(self) -> None:
-        timer = self.__dict__.pop("_control_timer", None)
-        if timer is not None:
-            self.destroy_timer(timer)
+        if self._session is not None:
+            self._session.stop_control()
 
     def start(self) -> None:
         """Configure and activate (autostart). Raises the configure failure (its HeisdError, or a
         HeisdError naming another exception) with the reason."""
         if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-            err = self.__dict__.get("_configure_exception")
+            err = self._configure_exception
             if isinstance(err, HeisdError):
                 raise err
             raise HeisdError(f"configure failed: {self.configure_error or 'see the log'}") from err

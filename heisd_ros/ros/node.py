@@ -62,13 +62,13 @@ from heisd_ros.ros.params import (
     validate_update,
 )
 from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos
+from heisd_ros.ros.session import Session
 from heisd_ros.ros.standalone_args import ros_args
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
 from heisd_ros.ros.step import Job, StepRunner
 from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
 from heisd_ros.ros.task_control import TaskControl
 from heisd_ros.ros.transport import fastdds_reader_memory
-from heisd_ros.ros.watchdog import Watchdog
 from heisd_ros.ros.worker import InferenceWorker
 
 __all__ = ["EVENT_QOS", "LATCHED_QOS", "SENSOR_QOS", "PolicyNode", "load_decoder", "main"]
@@ -91,6 +91,8 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Decoder] | None = None,
                  node_name: str = "policy_node", **node_kwargs: Any) -> None:  # fmt: skip
         super().__init__(node_name, **node_kwargs)
+        self._session: Session | None = None
+        self._task: TaskControl | None = None
         started = False
         self._guarded_log = GuardedLogger(self.get_logger(), self.context)  # quiet once the context is gone
         self._log_bridge = RosLogBridge(self._guarded_log)
@@ -119,35 +121,36 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
 
     # ------------------------------------------------------------------ configure's resources
     def _open_session(self, decoder: Decoder) -> None:
-        """Everything configure creates around the loaded decoder."""
+        """Everything configure creates around the loaded decoder, as the node's Session; on a
+        failure part way, what was made is released (the decoder too) and the error raised."""
         n = self.cfg.node
-        self._decoder = decoder
-        with self._inputs_lock:
-            self._sync = ApproxTimeSync(_sync_config(self.cfg))
-            self._gap: tuple[float, float] | None = None  # (header stamp s, finger gap m) of the newest joint_states
-        self._reads_gap = decoder.inputs.reads_finger_gap
-        self._watchdog = Watchdog()
+        session = Session(self, decoder, ApproxTimeSync(_sync_config(self.cfg)), self._inputs_lock)
         before = list(self.publishers)
-        self._outputs = CommandOutputs(self, n)
-        self._pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", EVENT_QOS)
-        self._session_publishers = [p for p in self.publishers if all(p is not b for b in before)]
-        self._session_subscriptions = self._subscribe()
-        self._runner = StepRunner(
-            decoder, config=lambda: self.cfg, clock_s=self._now_s,
-            finger_gap=self._finger_gap_for if self._reads_gap else None, watchdog=self._watchdog,
-            outputs=self._outputs, gate=self._task, status=self._status, logger=self._guarded_log,
-        )  # fmt: skip
-        self._worker = InferenceWorker(self._runner, self._status, lambda: self.cfg.node.diagnostics_period_s)
-        self._worker.start()
-        self._diag_timer = self.create_timer(n.diagnostics_period_s, self._publish_diagnostics)
+        try:
+            session.outputs = CommandOutputs(self, n)
+            session.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", EVENT_QOS)
+            session.publishers = [p for p in self.publishers if all(p is not b for b in before)]
+            session.subscriptions = self._subscribe(session)
+            session.runner = StepRunner(
+                decoder, config=lambda: self.cfg, clock_s=self._now_s,
+                finger_gap=self._finger_gap_for if session.reads_gap else None, watchdog=session.watchdog,
+                outputs=session.outputs, gate=self._task, status=self._status, logger=self._guarded_log,
+            )  # fmt: skip
+            session.worker = InferenceWorker(session.runner, self._status, lambda: self.cfg.node.diagnostics_period_s)
+            session.worker.start()
+            session.diagnostics_timer = self.create_timer(n.diagnostics_period_s, self._publish_diagnostics)
+        except BaseException:
+            session.close(lambda unused: None)  # configure's failure path closes the decoder
+            raise
+        self._session = session
 
-    def _subscribe(self) -> list:
+    def _subscribe(self, session: Session) -> list:
         n = self.cfg.node
         image_type = CompressedImage if n.compressed_images else Image
         subs = [self.create_subscription(image_type, topic, functools.partial(self._on_image, view), SENSOR_QOS)
                 for view, topic in zip(self.cfg.decoder.views, n.image_topics)]  # fmt: skip
         subs.append(self.create_subscription(PoseStamped, n.pose_topic, self._on_pose, SENSOR_QOS))
-        if self._reads_gap:
+        if session.reads_gap:
             subs.append(self.create_subscription(JointState, n.joint_states_topic, self._on_joint_states, SENSOR_QOS))
         # Before the instruction: the executor serves ready subscriptions in creation order, so an
         # episode result and the next episode's instruction taken together end the old episode first.
@@ -158,18 +161,13 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         return subs
 
     def _close_session(self) -> None:
-        """Release what `_open_session` created (any part of it); the decoder's database is closed."""
-        timer = self.__dict__.pop("_diag_timer", None)
-        if timer is not None:
-            self.destroy_timer(timer)
-        for sub in self.__dict__.pop("_session_subscriptions", []):
-            self.destroy_subscription(sub)
-        self.close()
-        self._close_decoder()
-        for pub in self.__dict__.pop("_session_publishers", []):
-            self.destroy_publisher(pub)
-        for name in ("_outputs", "_worker", "_runner", "_pub_diag"):
-            self.__dict__.pop(name, None)
+        """Release the Session (if any); the decoder's database is closed."""
+        session, self._session = self._session, None
+        if session is not None:
+            session.close(self._release_decoder)
+
+    def _release_decoder(self, decoder: Decoder) -> None:
+        close_decoder(decoder, self.get_logger())
 
     def _warn_store_timeout(self) -> None:
         n, store = self.cfg.node, self.cfg.store
@@ -183,34 +181,20 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop commanding and stop the worker (the step in progress finishes without publishing),
         joining it. Idempotent; the context stays valid, so nothing in flight fails."""
-        outputs, worker = self.__dict__.get("_outputs"), self.__dict__.get("_worker")
-        if outputs is not None:
-            outputs.close()
-        if worker is not None:
-            worker.stop(timeout_s)
+        session = self._session
+        if session is not None:
+            session.stop(timeout_s)
 
     def stop_commanding(self, reason: str) -> None:
         """Close the command gate and end the episode (a running goal is aborted with `reason`)."""
         self._task.deactivate(reason)
 
     def destroy_node(self) -> None:
-        task = self.__dict__.get("_task")
-        if task is not None:
-            task.close()
-        self._stop_control_timer()
+        if self._task is not None:
+            self._task.close()
         self._close_session()
         logging.getLogger("heisd_ros").removeHandler(self._log_bridge)
         super().destroy_node()
-
-    def _close_decoder(self) -> None:
-        """Release the decoder's resources once no worker can use it (the embedded database holds a
-        file lock)."""
-        worker = self.__dict__.get("_worker")
-        if worker is not None and worker.alive:
-            return
-        decoder = self.__dict__.pop("_decoder", None)
-        if decoder is not None:
-            close_decoder(decoder, self.get_logger())
 
     # ------------------------------------------------------------------ state
     @property
@@ -230,11 +214,13 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
 
     def _on_image(self, view: str, msg: Any) -> None:
         with self._inputs_lock:
-            self._sync.add_frame(view, conv.stamp_to_s(msg.header.stamp), msg)
+            if self._session is not None:
+                self._session.sync.add_frame(view, conv.stamp_to_s(msg.header.stamp), msg)
 
     def _on_pose(self, msg: PoseStamped) -> None:
         with self._inputs_lock:
-            self._sync.add_pose(conv.stamp_to_s(msg.header.stamp), msg)
+            if self._session is not None:
+                self._session.sync.add_pose(conv.stamp_to_s(msg.header.stamp), msg)
 
     def _on_joint_states(self, msg: JointState) -> None:
         """Keep the newest finger gap; a message without both finger joints (e.g. an arm-only
@@ -249,13 +235,14 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             self._status.report("invalid_input", WARN, f"joint_states: no finger gap from {list(fingers)}: {err}")
             return
         with self._inputs_lock:
-            self._gap = (conv.stamp_to_s(msg.header.stamp), gap)
+            if self._session is not None:
+                self._session.gap = (conv.stamp_to_s(msg.header.stamp), gap)
 
     def _finger_gap_for(self, stamp_s: float) -> tuple[float | None, str]:
         """(gap, '') for a synchronised set stamped `stamp_s`, or (None, why not)."""
         n = self.cfg.node
         with self._inputs_lock:
-            gap = self._gap
+            gap = self._session.gap if self._session is not None else None
         if gap is None:
             return None, (f"the model reads the finger gap, but nothing with joints {list(n.finger_joints)} "
                           f"has arrived on {n.joint_states_topic!r}")
@@ -277,9 +264,9 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     def _on_episode_result(self, msg: Bool) -> None:
         success = bool(msg.data)
         self._task.on_episode_result(success)
-        worker = self.__dict__.get("_worker")  # None once cleanup has begun
-        if worker is not None:
-            worker.episode_result(success)  # the decoder learns from every outcome
+        session = self._session  # None once cleanup has begun
+        if session is not None:
+            session.worker.episode_result(success)  # the decoder learns from every outcome
 
     def _revive_worker(self, worker: InferenceWorker) -> None:
         """Start a new inference thread if the running one died (a bug no step contained)."""
@@ -288,9 +275,10 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             self._status.report("worker", ERROR, f"inference thread died ({cause}); started a new one")
 
     def _on_tick(self) -> None:
-        worker = self.__dict__.get("_worker")  # None once cleanup has begun (from another thread)
-        if worker is None:
+        session = self._session  # None once cleanup has begun (from another thread)
+        if session is None:
             return
+        worker = session.worker
         self._task.tick()
         self._revive_worker(worker)
         now = self._now_s()
@@ -299,34 +287,35 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             self._status.dropped_tick()
             n = self.cfg.node
             # paced by the watchdog (every warn_throttle_s while the hang lasts); the step is counted when it ends
-            if self._watchdog.running(running_s, n.watchdog_budget_s, n.warn_throttle_s):
+            if session.watchdog.running(running_s, n.watchdog_budget_s, n.warn_throttle_s):
                 self._status.report("hang", ERROR, f"watchdog: inference running for {running_s * 1e3:.0f} ms "
                                     f"> budget {n.watchdog_budget_s * 1e3:.0f} ms; commands withheld",
                                     throttled=False)  # fmt: skip
             return
-        job = self._next_job(now)
+        job = self._next_job(session, now)
         if job is not None:
             worker.submit(job)
 
-    def _next_job(self, now: float) -> Job | None:
+    def _next_job(self, session: Session, now: float) -> Job | None:
         """The newest synchronised set with the running episode, consumed; None (reported) when
         there is none or no episode runs."""
         with self._inputs_lock:
-            synced = self._sync.poll(now)
-            events, self._sync.events = self._sync.events, []
+            sync = session.sync
+            synced = sync.poll(now)
+            events, sync.events = sync.events, []
             for why in events:
                 self._status.report("clock", WARN, f"clock jump: {why}; synchroniser restarted")
             if synced is None:
-                if self._sync.problem:
-                    self._status.problem("input", WARN, self._sync.reason)
-                elif not self._sync.heard:  # sources not up yet: shown, but not a rejected step
-                    self._status.report("input", WARN, self._sync.reason)
+                if sync.problem:
+                    self._status.problem("input", WARN, sync.reason)
+                elif not sync.heard:  # sources not up yet: shown, but not a rejected step
+                    self._status.report("input", WARN, sync.reason)
                 return None
             running = self._task.current()
             if running is None:  # kept unconsumed: acted on if still fresh when an episode starts
                 self._status.problem("no_instruction", WARN, self._task.idle_reason)
                 return None
-            self._sync.consume(synced)
+            sync.consume(synced)
             return Job(synced, running[1], now, running[0])
 
     def _set_command_enabled(self, enabled: bool) -> tuple[bool, str]:
@@ -341,26 +330,25 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         self._values.update({p.name: p.value for p in params if p.name in self._values})
         self.cfg = new_cfg
         with self._inputs_lock:
-            sync = self.__dict__.get("_sync")
-            if sync is not None:
-                sync.reconfigure(_sync_config(new_cfg))
+            if self._session is not None:
+                self._session.sync.reconfigure(_sync_config(new_cfg))
         self._task.set_enabled(new_cfg.node.command_enabled)
         return SetParametersResult(successful=True)
 
     def _publish_diagnostics(self) -> None:
-        runner, worker, pub = (self.__dict__.get(k) for k in ("_runner", "_worker", "_pub_diag"))
-        if runner is None or worker is None or pub is None:  # cleanup has begun (from another thread)
+        session = self._session
+        if session is None:  # cleanup has begun (from another thread)
             return
         snap = self._status.snapshot(horizon_s(self.cfg))
         with self._inputs_lock:
-            clock_resets = self._sync.clock_resets
-        state = NodeState(instruction=self.instruction, watchdog_tripped=self._watchdog.tripped,
-                          watchdog_trips=self._watchdog.state.trips, clock_resets=clock_resets,
-                          health=runner.health, worker_restarts=worker.restarts,
+            clock_resets = session.sync.clock_resets
+        state = NodeState(instruction=self.instruction, watchdog_tripped=session.watchdog.tripped,
+                          watchdog_trips=session.watchdog.state.trips, clock_resets=clock_resets,
+                          health=session.runner.health, worker_restarts=session.worker.restarts,
                           commanding=self._task.commanding)  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
         msg.header.stamp = self.get_clock().now().to_msg()
-        pub.publish(msg)
+        session.diagnostics_pub.publish(msg)
 
 
 def _on_stop_signals(handler: Callable[[int, Any], None]) -> None:

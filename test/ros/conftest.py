@@ -143,8 +143,8 @@ class NodeRig:
         return node
 
     def wait_discovery(self, instruction: bool = True) -> None:
-        pubs = [*self.pub_img.values(), self.pub_pose, self.policy._outputs.command, self.policy._outputs.stats,
-                self.policy._pub_diag] + ([self.pub_instr] if instruction else [])  # fmt: skip
+        pubs = [*self.pub_img.values(), self.pub_pose, self.policy._session.outputs.command, self.policy._session.outputs.stats,
+                self.policy._session.diagnostics_pub] + ([self.pub_instr] if instruction else [])  # fmt: skip
         assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 5.0), "discovery timed out"
 
     def _make_clients(self, name: str) -> None:

@@ -53,7 +53,7 @@ def rig(node_rig):
 
 def _start(rig, **params):
     node = rig.start(FakeDecoder(forwards=1, ms_per_forward=1.0, action=lambda obs, n: ACTION), control_rate_hz=RATE_HZ, command_frame_id=FRAME, **params)
-    out = node._outputs
+    out = node._session.outputs
     pubs = [p for p in (out.servo_twist, out.pose_target, out.gripper_trajectory, out.gripper_positions) if p]
     assert rig.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 5.0), "discovery timed out"
     rig.instruct(TASK)
@@ -125,7 +125,7 @@ def test_pose_in_another_frame_gets_no_command(rig):
 def test_outputs_off_by_default(rig):
     node = _start(rig)
     try:
-        out = node._outputs
+        out = node._session.outputs
         assert (out.servo_twist, out.pose_target, out.gripper_trajectory, out.gripper_positions) == (None,) * 4
         counts = {k: len(v) for k, v in rig.arm.items()}
         t = rig.now()

@@ -213,7 +213,7 @@ def test_watchdog_withholds_commands_while_inference_overruns_and_recovers(rig):
         assert not _acted(rig, first, 0.5)  # 1/2 steps within budget: still withheld
         assert any("1/2 steps within" in m for _, m in rig.diag_levels_since(n_diag))
         assert _acted(rig, rig.publish_set())  # 2/2: commanding again
-        assert len(rig.commands) == n_cmd + 1 and policy._watchdog.state.trips == 1
+        assert len(rig.commands) == n_cmd + 1 and policy._session.watchdog.state.trips == 1
         assert any("watchdog cleared" in m for m in rig.policy_logs(30))
         k = len(rig.diags)
         assert rig.wait(lambda: any(kv.key == "watchdog" and kv.value == "ok" for d in rig.diags[k:]
@@ -385,7 +385,7 @@ def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
         t = rig.publish_set(t=clock.now())  # the new timeline is acted on
         assert _acted(rig, t), rig.diag_levels_since(n_diag)
         assert rig.wait(lambda: any(lvl >= 1 and "clock jump" in m for lvl, m in rig.diag_levels_since(n_diag)), 2.0)
-        assert policy._sync.clock_resets >= 1
+        assert policy._session.sync.clock_resets >= 1
         clock.jump(5000.0)  # forward: everything held is stale until fresh data arrives
         time.sleep(0.1)
         stale = rig.publish_set(t=clock.now() - 50.0)
@@ -464,7 +464,7 @@ def test_parameter_updates_are_validated(rig, policy):
     assert not ro.successful and "read-only" in ro.reason
     ok = policy.set_parameters([Parameter("command_enabled", value=False), Parameter("sync_slop_s", value=0.1)])
     assert all(r.successful for r in ok)
-    assert not policy.cfg.node.command_enabled and policy._sync.cfg.slop_s == 0.1
+    assert not policy.cfg.node.command_enabled and policy._session.sync.cfg.slop_s == 0.1
     desc = policy.describe_parameter("control_rate_hz")
     assert desc.read_only and "control timer" in desc.description
 

@@ -164,7 +164,7 @@ def start(ctx, files, rig):
                           parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])  # fmt: skip
         rig.executor.add_node(node)
         nodes.append(node)
-        assert rig.wait(lambda: node._outputs.command.get_subscription_count() > 0, 5.0), "discovery timed out"
+        assert rig.wait(lambda: node._session.outputs.command.get_subscription_count() > 0, 5.0), "discovery timed out"
         return node
 
     yield _start
@@ -208,7 +208,7 @@ def test_a_step_that_raises_costs_its_command_not_the_node(rig, start):
     assert not any(rig.acted(t, 0.0) for t in bad) and len(rig.commands) == n_cmd
     assert rig.wait(lambda: rig.errors_logged(policy, "step failed: RuntimeError", n_log), 2.0)
     assert len(rig.errors_logged(policy, "step failed", n_log)) == 1  # throttled: 3+ failures, one line
-    assert policy._worker.alive and policy._worker.restarts == 0
+    assert policy._session.worker.alive and policy._session.worker.restarts == 0
     _recovers(rig, policy)
 
 
@@ -225,7 +225,7 @@ def test_a_dead_inference_thread_is_restarted(rig, start):
     assert rig.wait(lambda: rig.errors_logged(policy, "inference thread died", n_log), 3.0)
     line = rig.errors_logged(policy, "inference thread died", n_log)[0].msg
     assert "ThreadKiller: a bug beyond containment" in line and "started a new one" in line
-    assert policy._worker.restarts == 1 and policy._worker.alive and len(rig.commands) == n_cmd
+    assert policy._session.worker.restarts == 1 and policy._session.worker.alive and len(rig.commands) == n_cmd
     assert rig.wait(lambda: any(v["worker_restarts"] == "1" for _, _, v in rig.policy_status(n_diag)), 2.0)
     _recovers(rig, policy)
 
@@ -241,7 +241,7 @@ def test_a_hang_is_reported_again_every_throttle_period(rig, start):
     rig.publish_set()
     assert rig.wait(lambda: rig.errors_logged(policy, "inference running for", n_log), 2.0)
     rig.instruct(policy, TASK)  # the hung step still runs with HANG; the next ones will not
-    assert rig.wait(lambda: policy._worker.running_s() is None, HANG_S + 2.0)
+    assert rig.wait(lambda: policy._session.worker.running_s() is None, HANG_S + 2.0)
     hang = rig.errors_logged(policy, "inference running for", n_log)
     assert len(hang) >= 3, [l.msg for l in hang]  # at ~0.3, 0.8, 1.3, 1.8, 2.3 s of a 2.5 s hang
     gaps = np.diff([l.stamp.sec + l.stamp.nanosec * 1e-9 for l in hang])

@@ -88,7 +88,7 @@ def test_autostart_false_stays_unconfigured_until_configured_and_activated(rig):
     policy = rig.start(autostart=False)
     try:
         assert _state(rig) == "unconfigured"
-        assert rig.decoder.resets == [] and "_worker" not in policy.__dict__
+        assert rig.decoder.resets == [] and policy._session is None
         assert rig.node.count_subscribers("ee_pose") == 0  # inputs are subscribed at configure
         assert _change(rig, Transition.TRANSITION_CONFIGURE) and _state(rig) == "inactive"
         rig.wait_discovery()
@@ -122,7 +122,7 @@ def test_configure_fails_with_the_reason_for_a_bad_model_dir(rig, tmp_path, monk
     try:
         assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
         assert "is not a directory" in node.configure_error and str(tmp_path / "missing") in node.configure_error
-        assert node._state_machine.current_state[1] == "unconfigured" and "_worker" not in node.__dict__
+        assert node._state_machine.current_state[1] == "unconfigured" and node._session is None
     finally:
         node.destroy_node()
     (tmp_path / "empty").mkdir()
@@ -142,7 +142,7 @@ def test_no_command_after_deactivate_returns(rig):
     actuator message is published once the transition has returned; decoding stops."""
     policy = rig.start(rig.fake(delay_s=0.15), control_rate_hz=10.0, image_staleness_s=1.0, pose_staleness_s=1.0)
     published: list[float] = []
-    outputs = policy._outputs
+    outputs = policy._session.outputs
     original = outputs.publish_command
 
     def recording(*args, **kwargs):
@@ -156,7 +156,7 @@ def test_no_command_after_deactivate_returns(rig):
     try:
         rig.instruct(TASK)
         assert rig.wait(lambda: len(published) >= 2, 3.0)
-        assert rig.wait(lambda: policy._worker.running_s() is not None, 2.0)  # a step in flight
+        assert rig.wait(lambda: policy._session.worker.running_s() is not None, 2.0)  # a step in flight
         n_stats = len(rig.stats)
         outcome, returned = rig.on_executor(lambda: (policy.trigger_deactivate(), time.monotonic()))
         assert outcome == TransitionCallbackReturn.SUCCESS
@@ -184,7 +184,7 @@ def test_cleanup_releases_everything_and_configure_loads_again(rig):
         dec = rig.decoder
         assert rig.on_executor(policy.trigger_deactivate) == TransitionCallbackReturn.SUCCESS
         assert rig.on_executor(policy.trigger_cleanup) == TransitionCallbackReturn.SUCCESS
-        assert dec.closed and "_decoder" not in policy.__dict__ and "_worker" not in policy.__dict__
+        assert dec.closed and policy._session is None
         assert rig.wait(lambda: rig.node.count_publishers("arm_command") == 0
                         and rig.node.count_subscribers("ee_pose") == 0, 3.0)  # fmt: skip
         rig.decoder = rig.fake()
@@ -222,7 +222,7 @@ def test_warm_up_of_the_real_policy_leaves_no_episode_state(rig, untrained_polic
     logs_before = len(rig.logs)
     node = PolicyNode(context=rig.ctx, node_name="warm_real", parameter_overrides=params)
     try:
-        dec = node._decoder
+        dec = node._session.decoder
         assert dec.metric.window().shape[0] == 0 and dec.instruction is None and dec.f_live is None
         assert all(a.count == 0 for a in dec.source_choice.cost.values())
         assert rig.wait(lambda: any(l.name == "warm_real" and "warm-up: 4 steps" in l.msg and "retrieval" in l.msg

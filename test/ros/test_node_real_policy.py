@@ -76,8 +76,8 @@ def _start(ctx, name: str, **params) -> PolicyNode:
 def test_the_real_files_load(ctx, files):
     node = _start(ctx, "loads", **_params(files))
     try:
-        assert node._decoder.cfg.fused_metric.tau == -1.0  # calibration applied
-        assert node._decoder.health()[0]
+        assert node._session.decoder.cfg.fused_metric.tau == -1.0  # calibration applied
+        assert node._session.decoder.health()[0]
     finally:
         node.destroy_node()
 
@@ -207,7 +207,7 @@ def test_bad_calibration_gives_documented_defaults_and_a_warning_in_the_node_log
         path.write_text('{"fused_metric": {"tau": "high"')
     node = _start(ctx, f"calib_{calibration}", **_params(files, calibration_path=str(path)))
     try:
-        assert node._decoder.cfg.fused_metric == FusedMetricConfig()  # the documented defaults
+        assert node._session.decoder.cfg.fused_metric == FusedMetricConfig()  # the documented defaults
         assert listener.wait(lambda: any("calibration" in l.msg and "using configured defaults" in l.msg and
                                          l.name == node.get_name() and l.level == 30 for l in listener.logs), 5.0), \
             [l.msg for l in listener.logs]  # fmt: skip
@@ -295,7 +295,7 @@ def test_a_model_that_reads_the_finger_gap_commands_only_with_fresh_joint_states
         return msg
 
     try:
-        assert node._reads_gap
+        assert node._session.reads_gap
         listener.pub_instr.publish(String(data=TASK))
         for k in range(6):  # the arm's joints only: still no finger gap
             t = listener.publish_set(k)
@@ -309,7 +309,7 @@ def test_a_model_that_reads_the_finger_gap_commands_only_with_fresh_joint_states
             pub_joints.publish(joints(t, ["panda_finger_joint1", "panda_finger_joint2"]))
             time.sleep(0.12)
         assert listener.wait(lambda: len(listener.commands) >= 2, 5.0)
-        assert node._gap is not None and node._gap[1] == pytest.approx(0.06)
+        assert node._session.gap is not None and node._session.gap[1] == pytest.approx(0.06)
     finally:
         listener.executor.remove_node(node)
         node.destroy_node()
