@@ -35,8 +35,8 @@ if stage screen0 && [ "$R" = 1 ]; then
 fi
 
 if stage rollout; then
-    for part in a:0-4 b:5-9; do
-        $H dagger --model $START --tasks "${part#*:}" --init-states 0-19 --out $A/r$R --beta "${BETA:-0.5}" \
+    for part in a:0-4 b:5-9; do  # one output directory a shard: each keeps its own summary
+        $H dagger --model $START --tasks "${part#*:}" --init-states 0-19 --out $A/r$R/${part%%:*} --beta "${BETA:-0.5}" \
             --episode-offset $((400 + 100 * R)) --seed "$R" --threads 1 --no-progress \
             > $A/rollout_r${R}_${part%%:*}.out 2>&1 &
     done
@@ -48,7 +48,7 @@ if stage train; then
     mkdir -p $D
     for f in artifacts/demos_db/{a,b}/libero_object/*.hdf5; do ln -sfn "$(realpath "$f")" $D/"$(basename "$f")"; done
     for r in $(seq 1 "$R"); do
-        for f in $A/r$r/libero_object/*_dagger.hdf5; do ln -sfn "$(realpath "$f")" $D/"r${r}_$(basename "$f")"; done
+        for f in $A/r$r/{a,b}/libero_object/*_dagger.hdf5; do ln -sfn "$(realpath "$f")" $D/"r${r}_$(basename "$f")"; done
     done
     [ -f $A/vla_r${R}_noprior/model.safetensors ] || \
         $H train-vla --init-from $START --demos $D --out $A/vla_r${R}_noprior --cache-dir $A/features \

@@ -153,19 +153,25 @@ def _run_task(cfg: DaggerConfig, task: int, summary: dict[str, Any], summary_pat
              "labelled_policy": str(cfg.model_dir)}
     try:
         with Hdf5DemoWriter(Path(cfg.out_dir) / cfg.suite / f"{name}_dagger.hdf5", attrs) as writer:
+            written = writer.existing()
             for k in todo:
                 if stop is not None and stop.requested:
                     break
                 seed = episode_seed(cfg.seed, task, k, 0)
                 t0 = time.perf_counter()
-                episode, agree = run_episode(env, expert, decoder, k, cfg.beta, seed, cfg.max_steps)
-                demo = writer.write(episode, init_state=env.init_states[k])
-                entry["episodes"].append({"init_state": k, "seed": seed, "success": episode.success,
-                                          "length": episode.length, "demo": demo,
-                                          "agreement": [round(float(a), 4) for a in agree],
-                                          "seconds": round(time.perf_counter() - t0, 2)})
+                if (k, 0) in written:  # kept before an interrupted summary write: never labelled twice
+                    demo, length = written[(k, 0)]
+                    entry["episodes"].append({"init_state": k, "seed": seed, "length": length, "demo": demo,
+                                              "recovered": True, "success": None})
+                else:
+                    episode, agree = run_episode(env, expert, decoder, k, cfg.beta, seed, cfg.max_steps)
+                    demo = writer.write(episode, init_state=env.init_states[k])
+                    entry["episodes"].append({"init_state": k, "seed": seed, "success": episode.success,
+                                              "length": episode.length, "demo": demo,
+                                              "agreement": [round(float(a), 4) for a in agree],
+                                              "seconds": round(time.perf_counter() - t0, 2)})
                 eps = entry["episodes"]
-                entry.update(task_name=name, episodes_run=len(eps), successes=sum(e["success"] for e in eps),
+                entry.update(task_name=name, episodes_run=len(eps), successes=sum(bool(e["success"]) for e in eps),
                              steps=int(sum(e["length"] for e in eps)))
                 write_json(summary_path, summary)  # atomic: a kill never leaves half a summary
                 bar.update(1)

@@ -47,5 +47,9 @@ def test_dagger_labels_every_visited_step_and_resumes(tmp_path: Path, capsys) ->
     assert demo.actions[0, 6] == -1.0
     assert dagger.main(args) == 0  # nothing left to do
     assert len(json.loads((out / "libero_object" / "summary.json").read_text())["tasks"]["0"]["episodes"]) == 1
+    (out / "libero_object" / "summary.json").unlink()  # a summary lost: the file's episode is not labelled twice
+    assert dagger.main(args) == 0
+    assert json.loads((out / "libero_object" / "summary.json").read_text())["tasks"]["0"]["episodes"][0]["recovered"]
+    assert len(scan_hdf5(out / "libero_object")) == 1
     assert dagger.main([*args[:4], "--init-states", "20", *args[6:]]) == 2
     assert "refused" in capsys.readouterr().out
