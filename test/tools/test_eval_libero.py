@@ -28,6 +28,7 @@ except ImportError as err:  # pragma: no cover - depends on the machine
 
 import torch
 
+from heisd_ros.core.errors import ConfigError
 from heisd_ros.tools import eval_libero
 
 INSTRUCTION = "pick up the alphabet soup and place it in the basket"  # libero_object task 0
@@ -189,6 +190,14 @@ def test_strict_steps_agree_with_ar_and_episodes_start_as_in_a_fresh_env(policy_
         if m in ("drafter", "retrieval"):
             assert a["checked"] == 24, (m, a)  # lossless methods: every step, same inputs as ar throughout
     assert report["_meta"]["evidence"]["broken"] == []
+    # one log, one revision: the run key holds the code's revision, so other code cannot resume it
+    from heisd_ros.pipeline.outputs import source_revision
+    from heisd_ros.tools.eval_report import ResultLog
+
+    key = json.loads(out.with_suffix(".jsonl").read_text().splitlines()[0])["key"]
+    assert key["git_rev"] == source_revision() and key["shadow_ar"] is True
+    with pytest.raises(ConfigError, match="git_rev"):
+        ResultLog(out.with_suffix(".jsonl"), {**key, "git_rev": "0" * 40})
     episodes = _episodes(out.with_suffix(".jsonl"))
     steps = {m: [s for e in episodes if e["method"] == m for s in e["steps"]] for m in methods.split(",")}
     assert all(s["strict"] and "shadow" not in s for m in ("ar", "drafter", "retrieval") for s in steps[m])
