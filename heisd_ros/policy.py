@@ -149,17 +149,39 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
     return ReconnectingStore(lambda: make_store(store_cfg, *dims), store_cfg, store)
 
 
+def resolve_decoder_config(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | None = None) -> DecoderConfig:
+    """The configuration a decoder of these files runs: `cfg` (parameters, flags) with the
+    calibration file's values and, for a method that retrieves from an embedded database, the query
+    views its build manifest records. Reads files, changes nothing; the node and every loader call it
+    once, so what runs is what they report."""
+    cfg = apply_calibration(cfg, paths.calibration_path)
+    if cfg.method in NEEDS_STORE and (store_cfg is None or store_cfg.backend == "edge"):
+        # the same path open_store opens: an explicit db_path wins over the store config's
+        cfg = resolve_query_views(cfg, paths.db_path or (store_cfg.path if store_cfg is not None else ""))
+    return cfg
+
+
 def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig | None = None, store=None,
                 torch_threads: int | None = None, build_tiny: bool = True) -> HybridDecoder:
-    """The decoder of `cfg.method` over the files in `paths`: the model and its state prior, the
-    drafter and the database where the method needs them, the calibration applied. `store`: an
-    open database to use instead of opening one. `torch_threads`: set (`set_torch_threads`) before
-    anything is loaded; None leaves torch's threads as they are. `build_tiny`: whether
-    `model_dir="tiny"` means the test policy (`resolve_paths`); False reads it as a directory."""
+    """The decoder of `cfg.method` over the files in `paths`, its configuration resolved
+    (`resolve_decoder_config`) and built (`build_policy`). `build_tiny`: whether `model_dir="tiny"`
+    means the test policy (`resolve_paths`); False reads it as a directory."""
     if torch_threads is not None:
-        set_torch_threads(torch_threads)
+        set_torch_threads(torch_threads)  # before anything is loaded, tiny artifacts included
     if build_tiny:
         paths = resolve_paths(paths)
+    return build_policy(paths, resolve_decoder_config(cfg, paths, store_cfg), store_cfg, store)
+
+
+def build_policy(paths: PolicyPaths, effective: DecoderConfig, store_cfg: StoreConfig | None = None, store=None,
+                 torch_threads: int | None = None) -> HybridDecoder:
+    """The decoder of an already resolved configuration: the model and its state prior, the drafter
+    and the database where the method needs them. `store`: an open database to use instead of
+    opening one. `torch_threads`: set (`set_torch_threads`) before anything is loaded; None leaves
+    torch's threads as they are."""
+    if torch_threads is not None:
+        set_torch_threads(torch_threads)
+    cfg = effective
     vla, state_prior = load_policy_model(paths.model_dir, dtype=cfg.dtype, device=cfg.device,
                                          center_crop=cfg.center_crop)
     drafter = None
@@ -167,10 +189,6 @@ def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig |
         if not paths.drafter_dir:
             raise ModelLoadError(f"method {cfg.method!r} needs a drafter; no drafter_dir given")
         drafter = load_drafter(paths.drafter_dir, vla.language_model.config, DTYPES[cfg.dtype]).to(cfg.device)
-    cfg = apply_calibration(cfg, paths.calibration_path)
-    if cfg.method in NEEDS_STORE and (store_cfg is None or store_cfg.backend == "edge"):
-        # the same path open_store opens: an explicit db_path wins over the store config's
-        cfg = resolve_query_views(cfg, paths.db_path or (store_cfg.path if store_cfg is not None else ""))
     if store is None and cfg.method in NEEDS_STORE:
         per_view = vla.query_dim  # not every backbone says
         obs_dim = cfg.query_view_count * per_view if per_view is not None else None

@@ -7,7 +7,8 @@ steps: command rate, frame-to-command latency, decode time, mode mix, rejected s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -30,6 +31,8 @@ class NodeState:
     """Inference threads started after one died."""
     commanding: str = ""
     """The command gate: 'inactive', 'commanding' or 'dry run (command_enabled false)'."""
+    effective: Mapping[str, str] = field(default_factory=dict)
+    """effective.decoder.* values that differ from the decoder.* parameters (what runs)."""
 
 
 def horizon_s(cfg: PolicyNodeConfig) -> float:
@@ -87,6 +90,7 @@ def _values(cfg: PolicyNodeConfig, snap: StatusSnapshot, state: NodeState) -> di
         "mode_mix": _pairs(snap.modes), "rejected": _pairs(snap.rejected), "last_error": snap.last_error,
         "last_error_age_s": f"{snap.last_error_age_s:.1f}" if snap.last_error else "",
         "database_healthy": str(health_ok), "database_status": health_text,
+        **state.effective,
     }  # fmt: skip
 
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -36,20 +37,35 @@ the kinematic boundary sends to retrieval under the usual calibrations (docs/des
 retrieval path is warmed as well as the drafter's."""
 
 
+def policy_paths(cfg: PolicyNodeConfig):
+    """The files the node's parameters name (heisd_ros.policy.PolicyPaths)."""
+    from heisd_ros.policy import PolicyPaths
+
+    n = cfg.node
+    return PolicyPaths(model_dir=n.model_dir, drafter_dir=n.drafter_dir, db_path=n.db_path,
+                       calibration_path=n.calibration_path)  # fmt: skip
+
+
+def effective_config(cfg: PolicyNodeConfig) -> PolicyNodeConfig:
+    """`cfg` with the decoder configuration that will run (heisd_ros.policy.resolve_decoder_config:
+    the calibration file and the database manifest applied); configure calls it once."""
+    from heisd_ros.policy import resolve_decoder_config
+
+    return dataclasses.replace(cfg, decoder=resolve_decoder_config(cfg.decoder, policy_paths(cfg), cfg.store))
+
+
 def load_decoder(cfg: PolicyNodeConfig) -> Decoder:
-    """The HybridDecoder of the node's configuration (heisd_ros.policy.load_policy), read only from
-    the directories it names."""
+    """The HybridDecoder of an effective configuration (`effective_config`), read only from the
+    directories the parameters name."""
     from pathlib import Path
 
-    from heisd_ros.policy import PolicyPaths, load_policy
+    from heisd_ros.policy import build_policy
 
     n = cfg.node
     if not Path(n.model_dir).is_dir():
         raise ModelLoadError(f"model_dir {n.model_dir!r} is not a directory: the node loads the policy's "
                              "checkpoint directory it is given")  # fmt: skip
-    paths = PolicyPaths(model_dir=n.model_dir, drafter_dir=n.drafter_dir, db_path=n.db_path,
-                        calibration_path=n.calibration_path)  # fmt: skip
-    return load_policy(paths, cfg.decoder, cfg.store, torch_threads=n.torch_threads, build_tiny=False)
+    return build_policy(policy_paths(cfg), cfg.decoder, cfg.store, torch_threads=n.torch_threads)
 
 
 def _warmup_instruction(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
@@ -115,9 +131,11 @@ class ManagedPolicy:
         self.get_logger().info(f"configuring: method={self.cfg.decoder.method} model_dir={n.model_dir!r}")
         decoder = None
         try:
-            decoder = self._decoder_factory(self.cfg)
-            summary = warm_up(decoder, self.cfg)
+            run_cfg = effective_config(self.cfg)
+            decoder = self._decoder_factory(run_cfg)
+            summary = warm_up(decoder, run_cfg)
             self._open_session(decoder)
+            self._show_effective(run_cfg.decoder)
         except HeisdError as err:
             return self._configure_failed(f"{type(err).__name__}: {err}", decoder, err, TransitionCallbackReturn.FAILURE)
         except Exception as err:  # noqa: BLE001 - rclpy would turn it into ERROR without the reason

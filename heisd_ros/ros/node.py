@@ -46,11 +46,13 @@ from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
 
+from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.errors import HeisdError, InvalidObservationError
 from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
+from heisd_ros.ros.effective import EFFECTIVE_PREFIX, show_effective
 from heisd_ros.ros.input_limits import check_instruction
 from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
 from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
@@ -93,6 +95,9 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         super().__init__(node_name, **node_kwargs)
         self._session: Session | None = None
         self._task: TaskControl | None = None
+        self._showing_effective = False
+        self._effective_changed: dict[str, str] = {}
+        """effective.* values that differ from the decoder.* parameters (shown in /diagnostics)."""
         started = False
         self._guarded_log = GuardedLogger(self.get_logger(), self.context)  # quiet once the context is gone
         self._log_bridge = RosLogBridge(self._guarded_log)
@@ -323,7 +328,28 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         result = self.set_parameters([Parameter("command_enabled", value=enabled)])[0]
         return result.successful, result.reason
 
+    def _show_effective(self, effective: DecoderConfig) -> None:
+        """effective.* = the decoder configuration that runs; logged where it differs from the
+        decoder.* parameters (the calibration's and the database's values), and kept for /diagnostics."""
+        self._showing_effective = True
+        try:
+            values = show_effective(self, effective)
+        finally:
+            self._showing_effective = False
+        changed = {k: v for k, v in values.items() if self._values.get(k[len(EFFECTIVE_PREFIX):]) != v}
+        self._effective_changed = {k: str(v) for k, v in changed.items()}
+        self.get_logger().info("effective configuration: " + (", ".join(
+            f"{k[len(EFFECTIVE_PREFIX):]} {self._values.get(k[len(EFFECTIVE_PREFIX):])!r} -> {v!r}"
+            for k, v in changed.items()) or "the decoder.* parameters as given")
+            + " (ros2 param get <node> effective.decoder.<field>)")
+
     def _on_set_parameters(self, params: list) -> SetParametersResult:
+        if any(p.name.startswith(EFFECTIVE_PREFIX) for p in params):
+            if not self._showing_effective:
+                return SetParametersResult(successful=False, reason=(
+                    "effective.* show the decoder configuration that runs; set decoder.* or the calibration "
+                    "file and configure again"))  # fmt: skip
+            return SetParametersResult(successful=True)
         new_cfg, reason = validate_update(self._values, {p.name: p.value for p in params})
         if new_cfg is None:
             return SetParametersResult(successful=False, reason=reason)
@@ -345,7 +371,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         state = NodeState(instruction=self.instruction, watchdog_tripped=session.watchdog.tripped,
                           watchdog_trips=session.watchdog.state.trips, clock_resets=clock_resets,
                           health=session.runner.health, worker_restarts=session.worker.restarts,
-                          commanding=self._task.commanding)  # fmt: skip
+                          commanding=self._task.commanding, effective=self._effective_changed)  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
         msg.header.stamp = self.get_clock().now().to_msg()
         session.diagnostics_pub.publish(msg)

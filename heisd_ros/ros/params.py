@@ -23,14 +23,18 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from heisd_ros.core.config import DecoderConfig, StoreConfig, from_dict
+from heisd_ros.core.config import (
+    DecoderConfig,
+    StoreConfig,
+    from_dict,
+    require,
+    topic_ok,
+)
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.ros.arm_outputs import ARM_OUTPUTS_DYNAMIC, ArmOutputsConfig
 from heisd_ros.ros.input_limits import InputLimits
-from heisd_ros.core.config import require, topic_ok
-
 
 INSTRUCTION_DURABILITIES, AFTER_EPISODE = ("volatile", "transient_local"), ("stop", "continue")
 
@@ -379,21 +383,28 @@ def config_to_values(cfg: PolicyNodeConfig) -> dict[str, Any]:
 # rclpy glue (imported lazily so the specs above are usable without ROS)
 
 
+def ros_type(kind: str):
+    from rclpy.parameter import Parameter
+
+    return {"bool": Parameter.Type.BOOL, "int": Parameter.Type.INTEGER, "float": Parameter.Type.DOUBLE,
+            "str": Parameter.Type.STRING, "str_array": Parameter.Type.STRING_ARRAY,
+            "float_array": Parameter.Type.DOUBLE_ARRAY, "int_array": Parameter.Type.INTEGER_ARRAY}[kind]  # fmt: skip
+
+
 def declare_all(node: Any) -> dict[str, Any]:
     """Declare every parameter on `node` with a descriptor; returns name -> effective value.
 
     Raises ConfigError when an override has the wrong type (e.g. an integer for a double).
     """
     from rcl_interfaces.msg import ParameterDescriptor
-    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
-    from rclpy.parameter import Parameter
+    from rclpy.exceptions import (
+        InvalidParameterTypeException,
+        InvalidParameterValueException,
+    )
 
-    types = {"bool": Parameter.Type.BOOL, "int": Parameter.Type.INTEGER, "float": Parameter.Type.DOUBLE,
-             "str": Parameter.Type.STRING, "str_array": Parameter.Type.STRING_ARRAY,
-             "float_array": Parameter.Type.DOUBLE_ARRAY, "int_array": Parameter.Type.INTEGER_ARRAY}  # fmt: skip
     values: dict[str, Any] = {}
     for spec in param_specs():
-        ptype = types[spec.kind]
+        ptype = ros_type(spec.kind)
         desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only, type=ptype.value)
         default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
         try:

@@ -78,6 +78,15 @@ def test_the_real_files_load(ctx, files):
     try:
         assert node._session.decoder.cfg.fused_metric.tau == -1.0  # calibration applied
         assert node._session.decoder.health()[0]
+        # what runs is what the node shows: the parameter as given, the effective value beside it
+        assert node.get_parameter("decoder.fused_metric.tau").value == 0.5
+        assert node.get_parameter("effective.decoder.fused_metric.tau").value == -1.0
+        assert node.get_parameter("effective.decoder.verify_skip.min_similarity").value == \
+            node._session.decoder.cfg.verify_skip.min_similarity
+        refused = node.set_parameters([Parameter("effective.decoder.fused_metric.tau", value=0.3)])[0]
+        assert not refused.successful and "configure again" in refused.reason
+        assert node.get_parameter("effective.decoder.fused_metric.tau").value == -1.0
+        assert node._effective_changed["effective.decoder.fused_metric.tau"] == "-1.0"  # in /diagnostics
     finally:
         node.destroy_node()
 

@@ -151,11 +151,12 @@ def test_drafters_and_calibrations_are_written(workspace) -> None:
 def test_the_pages_parameter_file_starts_the_policy(workspace, monkeypatch) -> None:
     """The node's own loader (`load_decoder`) on the page's parameters decodes recorded observations."""
     from heisd_ros.core.types import Observation
+    from heisd_ros.ros.lifecycle import effective_config
     from heisd_ros.ros.node import load_decoder
     from heisd_ros.ros.params import build_config
 
     monkeypatch.chdir(workspace["root"])
-    cfg = build_config(doc_params())
+    cfg = effective_config(build_config(doc_params()))  # what configure does
     assert cfg.decoder.method == "heisd" and cfg.node.db_path == "my_db"
     decoder = load_decoder(cfg)
     demo = workspace["bags"][0]
