@@ -3,6 +3,7 @@ drafter and database, plus what the report records about them (artifact digests,
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import time
@@ -88,7 +89,12 @@ class Policies:
         from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
         from heisd_ros.models.dtypes import DTYPES
         from heisd_ros.models.loader import load_policy_model
-        from heisd_ros.policy import PolicyPaths, open_store, resolve_paths, resolve_query_views
+        from heisd_ros.policy import (
+            PolicyPaths,
+            open_store,
+            resolve_decoder_config,
+            resolve_paths,
+        )
 
         tiny = cfg.model_dir == "tiny"  # the tiny policy brings its own drafter, database and calibration
         raw = PolicyPaths(cfg.model_dir, "" if tiny else cfg.drafter_dir, "" if tiny else cfg.db_path,
@@ -98,9 +104,9 @@ class Policies:
         variants = {v.name: v for v in cfg.variants}
         method_of = {m: variants[m].method if m in variants else m for m in cfg.labels}
         needs_store = any(m in NEEDS_STORE for m in method_of.values())
-        base = _base_config(cfg, self.paths.calibration_path)
-        if needs_store:
-            base = resolve_query_views(base, self.paths.db_path)
+        # the calibration and, where a method retrieves, the database's query views: resolved once
+        base = resolve_decoder_config(_base_config(cfg), self.paths if needs_store else
+                                      dataclasses.replace(self.paths, db_path=""))
         self.base_cfg = base
         drafter = None
         if any(m in NEEDS_DRAFTER for m in method_of.values()):
@@ -136,15 +142,13 @@ class Policies:
             self.store.close()
 
 
-def _base_config(cfg: EvalLiberoConfig, calibration_path: str):
-    """The DecoderConfig every method shares (`with_method` sets the method), calibrated."""
+def _base_config(cfg: EvalLiberoConfig):
+    """The DecoderConfig every method shares (`with_method` sets the method), before calibration."""
     from heisd_ros.core.config import DecoderConfig, RetrievalConfig
-    from heisd_ros.pipeline.calibration import apply_calibration
 
-    return apply_calibration(DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
-                                           gripper_hold_steps=cfg.gripper_hold_steps,
-                                           retrieval=RetrievalConfig(position_pool=cfg.position_pool)),
-                             calibration_path)
+    return DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
+                         gripper_hold_steps=cfg.gripper_hold_steps,
+                         retrieval=RetrievalConfig(position_pool=cfg.position_pool))
 
 
 def retrieval_probe(store, tasks: list[str], per_task: int = 40, top_k: int = 5) -> list[float]:
