@@ -45,6 +45,7 @@ from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
+from std_srvs.srv import SetBool
 
 from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.errors import HeisdError, InvalidObservationError
@@ -108,7 +109,8 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             self._decoder_factory = decoder_factory or load_decoder
             self._inputs_lock = threading.Lock()
             self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
-            self._task = TaskControl(self, lambda: self.cfg.node, self._now_s, self._set_command_enabled)
+            self._task = TaskControl(self, lambda: self.cfg.node, self._now_s)
+            self._enable_service = self.create_service(SetBool, "~/enable", self._on_enable)
             self.add_on_set_parameters_callback(self._on_set_parameters)
             self._warn_store_timeout()
             if self.cfg.node.autostart:
@@ -323,10 +325,19 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             sync.consume(synced)
             return Job(synced, running[1], now, running[0])
 
-    def _set_command_enabled(self, enabled: bool) -> tuple[bool, str]:
-        """~/enable: set the command_enabled parameter, validated like any update."""
-        result = self.set_parameters([Parameter("command_enabled", value=enabled)])[0]
-        return result.successful, result.reason
+    def _on_enable(self, request: Any, response: Any) -> Any:
+        """~/enable (std_srvs/SetBool): the command_enabled parameter set from a service, validated
+        like any update; the parameter callback opens or closes the gate (TaskControl.set_enabled)."""
+        result = self.set_parameters([Parameter("command_enabled", value=bool(request.data))])[0]
+        response.success = result.successful
+        if not result.successful:
+            response.message = result.reason
+        elif request.data:
+            response.message = "commanding enabled" + ("" if self._task.commanding == "commanding" else
+                                                       " (takes effect when the node is active)")  # fmt: skip
+        else:
+            response.message = "commanding disabled: dry run, DecodeStats only"
+        return response
 
     def _show_effective(self, effective: DecoderConfig) -> None:
         """effective.* = the decoder configuration that runs; logged where it differs from the

@@ -54,20 +54,20 @@ class Episode:
 
 
 class TaskControl:
-    """Episodes, the actuator gate, ~/run_task, ~/enable and ~/reset of one policy node.
+    """Episodes, the actuator gate, ~/run_task and ~/reset of one policy node.
 
-    config: the node's current NodeConfig; clock_s: node time, s; enable: sets the node's
-    command_enabled parameter (validated like any other update), returning (ok, reason).
+    config: the node's current NodeConfig; clock_s: node time, s. The gate's command_enabled half
+    changes only through `set_enabled`, which the node's parameter callback calls once a
+    command_enabled value is valid (~/enable is that parameter set from a service).
     """
 
-    def __init__(self, node: Any, config: Callable[[], NodeConfig], clock_s: Callable[[], float],
-                 enable: Callable[[bool], tuple[bool, str]]) -> None:  # fmt: skip
+    def __init__(self, node: Any, config: Callable[[], NodeConfig], clock_s: Callable[[], float]) -> None:
         from rclpy.action import ActionServer
-        from std_srvs.srv import SetBool, Trigger
+        from std_srvs.srv import Trigger
 
         from heisd_ros.action import RunTask
 
-        self._node, self._config, self._clock_s, self._enable = node, config, clock_s, enable
+        self._node, self._config, self._clock_s = node, config, clock_s
         self._log = node.get_logger()
         self._result_type = RunTask.Result
         self._feedback_type = RunTask.Feedback
@@ -81,8 +81,7 @@ class TaskControl:
         self._action = ActionServer(node, RunTask, "~/run_task", execute_callback=self._execute,
                                     goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
                                     cancel_callback=self._on_cancel)  # fmt: skip
-        self._services = [node.create_service(SetBool, "~/enable", self._on_enable),
-                          node.create_service(Trigger, "~/reset", self._on_reset)]  # fmt: skip
+        self._services = [node.create_service(Trigger, "~/reset", self._on_reset)]
 
     # ------------------------------------------------------------------ state, read by the node
     def current(self) -> tuple[int, str] | None:
@@ -293,18 +292,6 @@ class TaskControl:
         return CancelResponse.ACCEPT
 
     # ------------------------------------------------------------------ services
-    def _on_enable(self, request: Any, response: Any) -> Any:
-        ok, reason = self._enable(bool(request.data))
-        response.success = ok
-        if not ok:
-            response.message = reason
-        elif request.data:
-            response.message = "commanding enabled" + ("" if self.commanding == "commanding" else
-                                                       " (takes effect when the node is active)")  # fmt: skip
-        else:
-            response.message = "commanding disabled: dry run, DecodeStats only"
-        return response
-
     def _on_reset(self, request: Any, response: Any) -> Any:
         running = self.current() is not None
         started = self._end("reset", follow=self._config().after_episode)
