@@ -23,17 +23,15 @@ class TimedStore:
         self.last_k = 0
 
     def search(self, query, task: str, top_k: int):
-        t0 = time.perf_counter()
-        try:
-            return self._store.search(query, task, top_k)
-        finally:
-            self.search_ms.append((time.perf_counter() - t0) * 1e3)
-            self.last_k = top_k
+        return self._timed(top_k, self._store.search, query, task, top_k)
 
     def search_near(self, query, task: str, top_k: int, ee_pos, pool: int, timing_ms=None):
+        return self._timed(top_k, self._store.search_near, query, task, top_k, ee_pos, pool, timing_ms)
+
+    def _timed(self, top_k: int, call, *args):
         t0 = time.perf_counter()
         try:
-            return self._store.search_near(query, task, top_k, ee_pos, pool, timing_ms)
+            return call(*args)
         finally:
             self.search_ms.append((time.perf_counter() - t0) * 1e3)
             self.last_k = top_k
