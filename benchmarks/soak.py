@@ -62,6 +62,7 @@ import numpy as np
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.ros.topics import image_topic
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE_FIELDS = ("vision", "retrieval", "draft", "verify", "total")
@@ -223,10 +224,6 @@ def encode_frames(episodes: list[list[Frame]]) -> None:
             frame.encoded = [cache[id(img)] for img in frame.images]
 
 
-def image_topic(cfg: SoakConfig, view: str) -> str:
-    return f"{view}/image_raw/compressed" if cfg.compressed else f"{view}/image_raw"
-
-
 def episode_frames(cfg: SoakConfig, image_size: int) -> list[list[Frame]]:
     if cfg.demos:
         return demo_frames(cfg)
@@ -305,7 +302,7 @@ class Driver:
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, EVENT_QOS)
         self.CompressedImage = CompressedImage
         image_type = CompressedImage if cfg.compressed else Image
-        self.pub_img = [n.create_publisher(image_type, image_topic(cfg, v), SENSOR_QOS) for v in cfg.view_names]
+        self.pub_img = [n.create_publisher(image_type, image_topic(v, cfg.compressed), SENSOR_QOS) for v in cfg.view_names]
         self.pub_pose = n.create_publisher(PoseStamped, "ee_pose", SENSOR_QOS)
         self.pub_instr = n.create_publisher(String, "instruction", LATCHED_QOS)
         self.pub_result = n.create_publisher(Bool, "episode_result", EVENT_QOS)
@@ -455,7 +452,7 @@ def _cpu_s(pid: int) -> float:
 def start_node(cfg: SoakConfig, paths: dict[str, str], image_size: int = 64) -> subprocess.Popen:
     views = cfg.view_names
     params = {**paths, "decoder.method": cfg.method, "control_rate_hz": float(cfg.control_rate_hz),
-              "decoder.views": list(views), "image_topics": [image_topic(cfg, v) for v in views],
+              "decoder.views": list(views),
               "compressed_images": cfg.compressed, "diagnostics_period_s": 1.0,
               # commands are what the soak measures; every episode runs on, as the stream keeps coming
               "command_enabled": True, "after_episode": "continue"}  # fmt: skip

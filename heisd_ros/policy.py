@@ -26,7 +26,8 @@ from heisd_ros.core.errors import (
     ModelLoadError,
 )
 from heisd_ros.models.dtypes import DTYPES
-from heisd_ros.models.loader import load_policy_model
+from heisd_ros.models.loader import load_model
+from heisd_ros.models.spec import ModelSpec
 from heisd_ros.pipeline.calibration import apply_calibration
 
 log = logging.getLogger(__name__)
@@ -81,13 +82,6 @@ def database_manifest(db_path: str) -> dict | None:
     return read_manifest(db_path)
 
 
-def database_dtype(db_path: str) -> str | None:
-    """The dtype an embedded database was built at (None: no manifest; manifests from before
-    `heisd build-db --dtype` mean float32)."""
-    manifest = database_manifest(db_path)
-    return None if manifest is None else str(manifest.get("dtype", "float32"))
-
-
 def resolve_query_views(cfg: DecoderConfig, db_path: str) -> DecoderConfig:
     """`cfg` with `retrieval.query_views` set from the database's manifest when it is 0 (auto).
 
@@ -111,6 +105,18 @@ def resolve_query_views(cfg: DecoderConfig, db_path: str) -> DecoderConfig:
     return dataclasses.replace(cfg, retrieval=dataclasses.replace(cfg.retrieval, query_views=built))
 
 
+def store_config(paths: PolicyPaths, store_cfg: StoreConfig | None) -> StoreConfig | None:
+    """The database the files name, decided here only: `store_cfg` when given (the node's, whose
+    path is its db_path; or a remote server's), else an embedded database at `paths.db_path`, else
+    None."""
+    if store_cfg is not None:
+        if store_cfg.backend != "remote" and paths.db_path and store_cfg.path != paths.db_path:
+            raise DatabaseUnavailableError(f"two database directories given: {paths.db_path!r} and "
+                                           f"store.path {store_cfg.path!r}")  # fmt: skip
+        return store_cfg
+    return StoreConfig(backend="edge", path=paths.db_path) if paths.db_path else None
+
+
 def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | None,
                obs_dim: int | None = None, feat_dim: int | None = None):
     """The database for methods that retrieve, wrapped in a ReconnectingStore.
@@ -122,28 +128,19 @@ def open_store(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: StoreConfig | 
     from heisd_ros.store.factory import make_store
     from heisd_ros.store.reconnect import ReconnectingStore
 
+    store_cfg = store_config(paths, store_cfg)
     if store_cfg is None:
-        if not paths.db_path:
-            raise DatabaseUnavailableError(f"method {cfg.method!r} needs a database; no db_path given")
-        store_cfg = StoreConfig(backend="edge", path=paths.db_path)
-    elif store_cfg.backend == "edge" and paths.db_path and store_cfg.path != paths.db_path:
-        store_cfg = dataclasses.replace(store_cfg, path=paths.db_path)
+        raise DatabaseUnavailableError(f"method {cfg.method!r} needs a database; no db_path given")
     store = make_store(store_cfg, obs_dim, feat_dim)  # a database that cannot be opened fails the start-up
     if store.count() == 0:
         store.close()
         raise EmptyDatabaseError(f"the demonstration database at {store_cfg.path or store_cfg.url} is empty")
-    manifest = database_manifest(store_cfg.path) if store_cfg.backend == "edge" else None
-    if manifest is not None and bool(manifest.get("center_crop", False)) != cfg.center_crop:
-        store.close()  # its vectors embed other pixels than the policy will see: no match would be real
-        way = {True: "with", False: "without"}
-        raise DatabaseError(f"the database at {store_cfg.path} was built {way[not cfg.center_crop]} the centre "
-                            f"crop, the policy runs {way[cfg.center_crop]} it: decoder.center_crop must match "
-                            "build-db --center-crop")
-    db_dtype = database_dtype(store_cfg.path) if store_cfg.backend == "edge" else None
-    if db_dtype not in (None, cfg.dtype):
-        log.warning("the database at %s was embedded at %s, the policy runs at %s: verify-skip compares "
-                    "features near 0.9995 similarity and will rarely pass (heisd build-db --dtype %s)",
-                    store_cfg.path, db_dtype, cfg.dtype, cfg.dtype)
+    if store_cfg.backend == "edge":  # a remote database has no manifest to check
+        try:
+            ModelSpec.of_decoder(paths.model_dir, cfg).check_database(database_manifest(store_cfg.path), store_cfg.path)
+        except DatabaseError:
+            store.close()
+            raise
     dims = (store.obs_dim, store.feat_dim)
     # A fault after start-up is ridden out: drafter mode while down, reconnection with backoff.
     return ReconnectingStore(lambda: make_store(store_cfg, *dims), store_cfg, store)
@@ -155,9 +152,9 @@ def resolve_decoder_config(cfg: DecoderConfig, paths: PolicyPaths, store_cfg: St
     views its build manifest records. Reads files, changes nothing; the node and every loader call it
     once, so what runs is what they report."""
     cfg = apply_calibration(cfg, paths.calibration_path)
-    if cfg.method in NEEDS_STORE and (store_cfg is None or store_cfg.backend == "edge"):
-        # the same path open_store opens: an explicit db_path wins over the store config's
-        cfg = resolve_query_views(cfg, paths.db_path or (store_cfg.path if store_cfg is not None else ""))
+    store_cfg = store_config(paths, store_cfg)
+    if cfg.method in NEEDS_STORE and store_cfg is not None and store_cfg.backend == "edge":
+        cfg = resolve_query_views(cfg, store_cfg.path)  # the manifest of the database open_store opens
     return cfg
 
 
@@ -182,8 +179,7 @@ def build_policy(paths: PolicyPaths, effective: DecoderConfig, store_cfg: StoreC
     if torch_threads is not None:
         set_torch_threads(torch_threads)
     cfg = effective
-    vla, state_prior = load_policy_model(paths.model_dir, dtype=cfg.dtype, device=cfg.device,
-                                         center_crop=cfg.center_crop)
+    vla, state_prior = load_model(ModelSpec.of_decoder(paths.model_dir, cfg))
     drafter = None
     if cfg.method in NEEDS_DRAFTER:
         if not paths.drafter_dir:

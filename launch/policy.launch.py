@@ -14,7 +14,7 @@ configures and activates itself; launch_ros' own autostart is left off so the tr
 requested twice. With autostart:=false the node waits unconfigured for a lifecycle manager or
 `ros2 lifecycle set`. Either way it commands nothing until command_enabled is set (~/enable).
 `model_dir`, when given, overrides the parameter file's. Each topic argument remaps the node's
-default topic name (config/policy.yaml) to the given one.
+fixed topic name (heisd_ros/ros/topics.py) to the given one: topics are set only by remapping.
 """
 
 from launch import LaunchDescription

@@ -20,6 +20,7 @@ from heisd_ros.core.config import from_dict
 from heisd_ros.core.errors import ConfigError, ModelLoadError
 from heisd_ros.core.model_api import VLA
 from heisd_ros.models.dtypes import DTYPES
+from heisd_ros.models.spec import ModelSpec
 from heisd_ros.models.state_prior import StatePrior, load_state_prior
 from heisd_ros.models.text_tokenizer import HashWordTokenizer, HFTokenizer
 from heisd_ros.models.vla import VLAConfig, VLAModel
@@ -127,6 +128,12 @@ def load_policy_model(directory: str | Path, dtype: str = "float32", device: str
     < 0.1 ms a step)."""
     vla = load_vla(directory, dtype=dtype, device=device, unnorm_key=unnorm_key, center_crop=center_crop)
     return PolicyModel(vla, load_state_prior(directory))
+
+
+def load_model(spec: ModelSpec) -> PolicyModel:
+    """The VLA and state prior of a ModelSpec: how the node and every tool load a checkpoint."""
+    return load_policy_model(spec.directory, dtype=spec.dtype, device=spec.device,
+                             unnorm_key=spec.unnorm_key or None, center_crop=spec.center_crop)  # fmt: skip
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:

@@ -49,7 +49,7 @@ class BagError(DataFileError):
 
 @dataclass(frozen=True)
 class BagTopics:
-    """The policy node's default topics (config/policy.yaml, made absolute), as recordings carry them."""
+    """The policy node's topics (heisd_ros.ros.topics, made absolute), as recordings carry them."""
 
     images: tuple[tuple[str, str], ...] = (("agentview", "/agentview/image_raw"), ("wrist", "/wrist/image_raw"))
     """(view, topic) pairs, primary view first."""

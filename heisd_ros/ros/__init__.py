@@ -2,7 +2,7 @@
 
 The node (`node.PolicyNode`, entry point `node.main`) and what it is made of:
 - `params`: node parameters generated from the configuration dataclasses; `param_file` writes them
-  out as a documented ROS 2 parameter file;
+  out as a documented ROS 2 parameter file; `topics`: the fixed topic names users remap;
 - `sync`: approximate-time synchronisation of the camera views and the pose;
 - `step`: one control step (observation, decoder, safety checks); `worker`: the inference thread;
 - `lifecycle`: the managed-node transitions and the warm-up; `task_control`: episodes, the one
@@ -14,6 +14,6 @@ The node (`node.PolicyNode`, entry point `node.main`) and what it is made of:
 `playback` publishes and records bags for `heisd replay`, `bag_stream` routes a bag's topics to the
 node's inputs in streamed step segments, `replay_target` finds, starts and warms up the node it replays into.
 
-Nothing is imported here; `sync`, `params`, `param_file`, `status`, `watchdog`, `conversions`,
+Nothing is imported here; `topics`, `sync`, `params`, `param_file`, `status`, `watchdog`, `conversions`,
 `log_bridge` and `standalone_args` import without rclpy.
 """

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from heisd_ros.core.config import require, topic_ok
+from heisd_ros.core.config import require
 from heisd_ros.core.errors import InvalidObservationError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import GRIPPER_INDEX, gripper_command
@@ -64,21 +64,17 @@ class ArmOutputsConfig:
     time in command_frame_id (see docs/arm_stacks.md)."""
 
     publish_twist: bool = False
-    """Publish geometry_msgs/TwistStamped velocities for MoveIt Servo (command_in_type: speed_units)."""
-    twist_topic: str = "delta_twist_cmds"
-    """Topic of the twist (remap to Servo's ~/delta_twist_cmds)."""
+    """Publish geometry_msgs/TwistStamped velocities for MoveIt Servo (command_in_type: speed_units) on
+    `delta_twist_cmds` (remap it to Servo's ~/delta_twist_cmds)."""
     publish_pose_target: bool = False
-    """Publish a geometry_msgs/PoseStamped absolute target: the current pose composed with the step."""
-    pose_target_topic: str = "target_pose"
-    """Topic of the pose target (remap to the controller's target topic, e.g. <controller>/target_frame)."""
+    """Publish a geometry_msgs/PoseStamped absolute target, the current pose composed with the step, on
+    `target_pose` (remap it to the controller's target topic)."""
     publish_gripper_trajectory: bool = False
-    """Publish trajectory_msgs/JointTrajectory finger positions (joint_trajectory_controller)."""
-    gripper_trajectory_topic: str = "gripper_trajectory"
-    """Topic of the finger trajectory (remap to <controller>/joint_trajectory)."""
+    """Publish trajectory_msgs/JointTrajectory finger positions (joint_trajectory_controller) on
+    `gripper_trajectory` (remap it to <controller>/joint_trajectory)."""
     publish_gripper_positions: bool = False
-    """Publish std_msgs/Float64MultiArray finger positions (forward_command_controller)."""
-    gripper_positions_topic: str = "gripper_positions"
-    """Topic of the finger positions (remap to <controller>/commands)."""
+    """Publish std_msgs/Float64MultiArray finger positions (forward_command_controller) on
+    `gripper_positions` (remap it to <controller>/commands)."""
     position_unit_m: float = 1.0
     """Metres per unit of the position action: 1.0 for a policy in metres per step, 0.05 for
     LIBERO / robosuite OSC actions."""
@@ -109,9 +105,6 @@ class ArmOutputsConfig:
     """time_from_start of the finger trajectory's single point, s."""
 
     def __post_init__(self) -> None:
-        for name in ("twist_topic", "pose_target_topic", "gripper_trajectory_topic", "gripper_positions_topic"):
-            topic = getattr(self, name)
-            require(topic_ok(topic), f"arm_outputs.{name}: invalid topic name {topic!r}")
         require(_finite_positive((self.position_unit_m, self.rotation_unit_rad)),
                 "arm_outputs.position_unit_m and rotation_unit_rad must be finite and > 0")  # fmt: skip
         require(self.rotation_format in ROTATION_FORMATS, f"arm_outputs.rotation_format must be one of "
@@ -149,7 +142,7 @@ ARM_OUTPUTS_DYNAMIC = frozenset({
     "workspace_min_m", "workspace_max_m", "out_of_workspace", "gripper_open_positions", "gripper_closed_positions",
     "gripper_motion_time_s",
 })  # fmt: skip
-"""ArmOutputsConfig fields that may change at run time (topics, switches and joint names shape publishers)."""
+"""ArmOutputsConfig fields that may change at run time (switches and joint names shape publishers)."""
 
 
 # ---------------------------------------------------------------------------------------------

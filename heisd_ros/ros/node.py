@@ -52,6 +52,7 @@ from heisd_ros.core.errors import HeisdError, InvalidObservationError
 from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.ros import conversions as conv
+from heisd_ros.ros import topics
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
 from heisd_ros.ros.effective import EFFECTIVE_PREFIX, show_effective
 from heisd_ros.ros.input_limits import check_instruction
@@ -154,16 +155,18 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     def _subscribe(self, session: Session) -> list:
         n = self.cfg.node
         image_type = CompressedImage if n.compressed_images else Image
-        subs = [self.create_subscription(image_type, topic, functools.partial(self._on_image, view), SENSOR_QOS)
-                for view, topic in zip(self.cfg.decoder.views, n.image_topics)]  # fmt: skip
-        subs.append(self.create_subscription(PoseStamped, n.pose_topic, self._on_pose, SENSOR_QOS))
+        # Fixed relative names (heisd_ros.ros.topics): users remap them, the ROS convention.
+        subs = [self.create_subscription(image_type, topics.image_topic(view, n.compressed_images),
+                                         functools.partial(self._on_image, view), SENSOR_QOS)
+                for view in self.cfg.decoder.views]  # fmt: skip
+        subs.append(self.create_subscription(PoseStamped, topics.POSE, self._on_pose, SENSOR_QOS))
         if session.reads_gap:
-            subs.append(self.create_subscription(JointState, n.joint_states_topic, self._on_joint_states, SENSOR_QOS))
+            subs.append(self.create_subscription(JointState, topics.JOINT_STATES, self._on_joint_states, SENSOR_QOS))
         # Before the instruction: the executor serves ready subscriptions in creation order, so an
         # episode result and the next episode's instruction taken together end the old episode first.
-        subs.append(self.create_subscription(Bool, n.episode_result_topic, self._on_episode_result, EVENT_QOS))
+        subs.append(self.create_subscription(Bool, topics.EPISODE_RESULT, self._on_episode_result, EVENT_QOS))
         # raw: rclpy's conversion would cut the text at a NUL; the node reads and checks the bytes itself
-        subs.append(self.create_subscription(String, n.instruction_topic, self._on_instruction,
+        subs.append(self.create_subscription(String, topics.INSTRUCTION, self._on_instruction,
                                              instruction_qos(n.instruction_durability), raw=True))  # fmt: skip
         return subs
 
@@ -252,7 +255,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             gap = self._session.gap if self._session is not None else None
         if gap is None:
             return None, (f"the model reads the finger gap, but nothing with joints {list(n.finger_joints)} "
-                          f"has arrived on {n.joint_states_topic!r}")
+                          f"has arrived on {self.resolve_topic_name(topics.JOINT_STATES)!r}")
         age = stamp_s - gap[0]
         if abs(age) > n.pose_staleness_s:
             return None, f"finger gap {age:.3f} s from the images' stamp > pose_staleness_s {n.pose_staleness_s:.3f}"

@@ -22,6 +22,7 @@ from std_msgs.msg import Float64MultiArray
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.types import StepStats
 from heisd_ros.ros import conversions as conv
+from heisd_ros.ros import topics
 from heisd_ros.ros.arm_outputs import ArmMessages, arm_messages
 from heisd_ros.ros.params import NodeConfig
 from heisd_ros.ros.qos import EVENT_QOS
@@ -36,22 +37,22 @@ class CommandOutputs:
         self._context = node.context
         self._clock = node.get_clock()
         self._closed = False
-        self.command = node.create_publisher(ArmCommand, n.command_topic, EVENT_QOS)
-        self.stats = node.create_publisher(DecodeStats, n.stats_topic, EVENT_QOS)
+        self.command = node.create_publisher(ArmCommand, topics.ARM_COMMAND, EVENT_QOS)
+        self.stats = node.create_publisher(DecodeStats, topics.DECODE_STATS, EVENT_QOS)
         a = n.arm_outputs
         self.servo_twist = self.pose_target = self.gripper_trajectory = self.gripper_positions = None
         if a.publish_twist:
-            self.servo_twist = node.create_publisher(TwistStamped, a.twist_topic, EVENT_QOS)
+            self.servo_twist = node.create_publisher(TwistStamped, topics.SERVO_TWIST, EVENT_QOS)
         if a.publish_pose_target:
-            self.pose_target = node.create_publisher(PoseStamped, a.pose_target_topic, EVENT_QOS)
+            self.pose_target = node.create_publisher(PoseStamped, topics.POSE_TARGET, EVENT_QOS)
         if a.publish_gripper_trajectory:
             try:  # only this output needs the package
                 from trajectory_msgs.msg import JointTrajectory
             except ImportError as err:
                 raise ConfigError(f"arm_outputs.publish_gripper_trajectory needs trajectory_msgs: {err}") from err
-            self.gripper_trajectory = node.create_publisher(JointTrajectory, a.gripper_trajectory_topic, EVENT_QOS)
+            self.gripper_trajectory = node.create_publisher(JointTrajectory, topics.GRIPPER_TRAJECTORY, EVENT_QOS)
         if a.publish_gripper_positions:
-            self.gripper_positions = node.create_publisher(Float64MultiArray, a.gripper_positions_topic, EVENT_QOS)
+            self.gripper_positions = node.create_publisher(Float64MultiArray, topics.GRIPPER_POSITIONS, EVENT_QOS)
 
     def publish_command(self, action: np.ndarray, stats: StepStats, stamp_s: float, step_id: int, pose: Any,
                         n: NodeConfig) -> ArmMessages:  # fmt: skip

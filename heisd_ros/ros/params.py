@@ -1,7 +1,8 @@
 """Node parameters, generated from the configuration dataclasses.
 
 Three groups, each one frozen dataclass validated in `__post_init__`:
-- node-only settings (`NodeConfig`, below): topics, rates, staleness limits, clipping, paths;
+- node-only settings (`NodeConfig`, below): rates, staleness limits, clipping, paths (topic names
+  are fixed, heisd_ros.ros.topics, and changed by remapping);
 - `decoder.*`: `DecoderConfig` and its sub-configs (heisd_ros.core.config), nested by field name;
 - `store.*`: `StoreConfig` (the demonstration database).
 
@@ -28,13 +29,27 @@ from heisd_ros.core.config import (
     StoreConfig,
     from_dict,
     require,
-    topic_ok,
 )
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.ros.arm_outputs import ARM_OUTPUTS_DYNAMIC, ArmOutputsConfig
 from heisd_ros.ros.input_limits import InputLimits
+from heisd_ros.ros.topics import REMOVED_TOPIC_PARAMETERS
+
+REMOVED_PARAMETERS: dict[str, str] = {
+    **{name: f"--ros-args -r {remap}" for name, remap in REMOVED_TOPIC_PARAMETERS.items()},
+    "store.path": "db_path (the one parameter naming the database directory)",
+}
+"""Parameters of earlier releases -> what replaces each; a file or override that sets one is refused."""
+
+
+def removed_parameter_message(names: list[str]) -> str:
+    """Why a configuration that sets removed parameters is refused, and what to write instead."""
+    topics = any(n in REMOVED_TOPIC_PARAMETERS for n in names)
+    why = " (topics are set by remapping the node's names, or by the launch file's argument of the same name)"
+    return (f"parameters {names} no longer exist{why if topics else ''}: "
+            + "; ".join(f"{n} -> {REMOVED_PARAMETERS[n]}" for n in names))
 
 INSTRUCTION_DURABILITIES, AFTER_EPISODE = ("volatile", "transient_local"), ("stop", "continue")
 
@@ -43,30 +58,15 @@ INSTRUCTION_DURABILITIES, AFTER_EPISODE = ("volatile", "transient_local"), ("sto
 class NodeConfig:
     """Settings of the policy node itself (everything that is not the decoder or the database)."""
 
-    image_topics: tuple[str, ...] = ("agentview/image_raw", "wrist/image_raw")
-    """One image topic per view, in the order of decoder.views."""
     compressed_images: bool = False
-    """Subscribe to sensor_msgs/CompressedImage (jpeg/png) instead of sensor_msgs/Image."""
-    pose_topic: str = "ee_pose"
-    """geometry_msgs/PoseStamped end-effector pose in the robot base frame."""
-    joint_states_topic: str = "joint_states"
-    """sensor_msgs/JointState with the gripper's finger joints; subscribed only when the model's state
-    token reads the finger gap (`proprio_gripper_gap`)."""
+    """Subscribe to sensor_msgs/CompressedImage (jpeg/png) on `<view>/image_raw/compressed` instead of
+    sensor_msgs/Image on `<view>/image_raw`."""
     finger_joints: tuple[str, ...] = PANDA_FINGER_JOINTS
     """The two finger joint names in joint_states; gap = |q1| + |q2| (m)."""
-    instruction_topic: str = "instruction"
-    """std_msgs/String task instruction (reliable, durability `instruction_durability`); a new one starts
-    a new episode, an empty one ends the episode."""
     instruction_durability: str = "volatile"
     """QoS durability of the instruction subscription: 'volatile' (any publisher connects; a message
     sent before the node subscribed is not received) or 'transient_local' (a latched message sent
     earlier arrives too, but a volatile publisher, the rclpy/rclcpp default, is then incompatible)."""
-    episode_result_topic: str = "episode_result"
-    """std_msgs/Bool episode outcome (true = success), feedback for the verify-skip thresholds."""
-    command_topic: str = "arm_command"
-    """heisd_ros/ArmCommand output."""
-    stats_topic: str = "decode_stats"
-    """heisd_ros/DecodeStats output, one per decoded step."""
     command_frame_id: str = "base_link"
     """frame_id written into the headers of the outputs."""
     control_rate_hz: float = 10.0
@@ -112,7 +112,8 @@ class NodeConfig:
     drafter_dir: str = ""
     """Drafter head directory ('' = none; drafter-based methods then fail at start-up)."""
     db_path: str = ""
-    """Embedded demonstration database directory ('' = none, or store.path / store.url)."""
+    """Embedded demonstration database directory, the one field that names it ('' = none, or a
+    server at store.url with store.backend 'remote')."""
     calibration_path: str = ""
     """Calibration file (fused metric statistics, tau, verify-skip thresholds); '' = defaults."""
     task: str = ""
@@ -133,15 +134,8 @@ class NodeConfig:
     """Outputs for standard arm stacks (MoveIt Servo twist, pose target, gripper), each off until switched on."""
 
     def __post_init__(self) -> None:
-        require(len(self.image_topics) >= 1, "image_topics needs one topic per view")
-        require(len(set(self.image_topics)) == len(self.image_topics), "image_topics must be unique")
         require(len(self.finger_joints) == 2 and all(self.finger_joints) and len(set(self.finger_joints)) == 2,
                  f"finger_joints needs two distinct joint names, got {list(self.finger_joints)}")  # fmt: skip
-        topics = self.image_topics + (self.pose_topic, self.joint_states_topic, self.instruction_topic,
-                                      self.episode_result_topic,
-                                      self.command_topic, self.stats_topic)  # fmt: skip
-        for t in topics:
-            require(topic_ok(t), f"invalid topic name {t!r}")
         require(math.isfinite(self.control_rate_hz) and 0.0 < self.control_rate_hz <= 1000.0,
                  f"control_rate_hz must be in (0, 1000], got {self.control_rate_hz}")  # fmt: skip
         for name in ("image_staleness_s", "pose_staleness_s", "diagnostics_period_s"):
@@ -211,12 +205,9 @@ class PolicyNodeConfig:
     node: NodeConfig
     decoder: DecoderConfig
     store_fields: Mapping[str, Any]
-    """The store.* parameters as given; see `store`."""
+    """The store.* parameters as given (every StoreConfig field but `path`, which is db_path); see `store`."""
 
     def __post_init__(self) -> None:
-        require(len(self.node.image_topics) == len(self.decoder.views),
-                 f"image_topics has {len(self.node.image_topics)} entries but decoder.views has "
-                 f"{len(self.decoder.views)} {list(self.decoder.views)}: one topic per view")  # fmt: skip
         if self.store is None:  # no database configured: the store.* values must still be valid
             from_dict(StoreConfig, {**self.store_fields, "path": "(unset)"})
 
@@ -224,13 +215,12 @@ class PolicyNodeConfig:
     def store(self) -> StoreConfig | None:
         """The database config, or None when no database is configured.
 
-        `store.path` falls back to the node's `db_path`; with neither (and no `store.url`) the
-        node runs without a database (methods that retrieve then fail at configure).
+        Its `path` is the node's `db_path` (no other parameter names the directory); with neither a
+        path nor a `store.url` the node runs without a database (methods that retrieve then fail
+        at configure).
         """
-        fields = dict(self.store_fields)
-        if not fields.get("path"):
-            fields["path"] = self.node.db_path
-        if not fields.get("path") and not fields.get("url"):
+        fields = {**self.store_fields, "path": self.node.db_path}
+        if not fields["path"] and not fields.get("url"):
             return None
         return from_dict(StoreConfig, fields)
 
@@ -316,6 +306,8 @@ def _specs(cls: type, prefix: str, path: tuple[str, ...], group: str) -> Iterabl
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
+        if group == "store." and f.name == "path":  # the directory is the node's db_path: one field
+            continue
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
             yield from _specs(hint, f"{prefix}{f.name}.", path + (f.name,), group)
@@ -349,6 +341,9 @@ def build_config(values: Mapping[str, Any]) -> PolicyNodeConfig:
 
     Raises ConfigError naming the offending parameter group.
     """
+    removed = [name for name in REMOVED_PARAMETERS if name in values]
+    if removed:
+        raise ConfigError(removed_parameter_message(removed))
     unknown = sorted(set(values) - {s.name for s in param_specs()})
     if unknown:
         raise ConfigError(f"unknown parameters {unknown}")
@@ -415,12 +410,19 @@ def declare_all(node: Any) -> dict[str, Any]:
             raise ConfigError(f"parameter {spec.name!r} rejected: {err}") from err
         value = param.value
         values[spec.name] = spec.default if value is None else value
+    # Names of earlier releases, declared without a value so that a parameter file still setting
+    # one is seen (rclpy drops overrides of undeclared names silently) and refused by build_config.
+    for name, instead in REMOVED_PARAMETERS.items():
+        removed = ParameterDescriptor(description=f"removed: use {instead}", read_only=True, dynamic_typing=True)
+        param = node.declare_parameter(name, None, removed)
+        if param.value is not None:
+            values[name] = param.value
     return values
 
 
 def validate_update(current: Mapping[str, Any], changes: Mapping[str, Any]) -> tuple[PolicyNodeConfig | None, str]:
     """Check a parameter update against the whole config: (new config, '') or (None, reason)."""
-    ours = {s.name for s in param_specs()}
+    ours = {s.name for s in param_specs()}  # removed topic names are read-only: rclpy refuses them
     merged = dict(current)
     # Parameters that are not ours (use_sim_time, qos overrides) are left to rclpy.
     merged.update({k: v for k, v in changes.items() if k in ours})

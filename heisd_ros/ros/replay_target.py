@@ -18,8 +18,14 @@ import numpy as np
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.pipeline import bags
+from heisd_ros.ros import topics
 from heisd_ros.ros.bag_stream import RoutePlan, stream_segments
-from heisd_ros.ros.params import PolicyNodeConfig, build_config, param_specs
+from heisd_ros.ros.params import (
+    REMOVED_PARAMETERS,
+    PolicyNodeConfig,
+    build_config,
+    param_specs,
+)
 from heisd_ros.ros.playback import OUTPUT_TYPES
 
 NODE_NAME = "policy_node"
@@ -49,10 +55,10 @@ def load_node_config(params_file: str | Path | None, overrides: Mapping[str, Any
         if isinstance(entry, dict) and isinstance(entry.get("ros__parameters"), dict):
             values.update(_flatten(entry["ros__parameters"]))
     values.update(overrides)
-    # Only the topics and views are read from this configuration: the model need not be named.
+    # Only the views and switches are read from this configuration: the model need not be named.
     if not values.get("model_dir"):
         values["model_dir"] = "unnamed"
-    ours = {s.name for s in param_specs()}
+    ours = {s.name for s in param_specs()} | set(REMOVED_PARAMETERS)  # a removed name is refused
     return build_config({k: v for k, v in values.items() if k in ours})
 
 
@@ -76,29 +82,29 @@ def resolve(topic: str, node_name: str, namespace: str) -> str:
 def input_targets(cfg: PolicyNodeConfig, node_name: str, namespace: str) -> dict[str, tuple[str, ...]]:
     """Input kind -> (the node's resolved topic, the same name resolved in the root namespace): a
     recording names the inputs either way."""
-    n = cfg.node
-    named = {**dict(zip(cfg.decoder.views, n.image_topics)), "pose": n.pose_topic,
-             "joint_states": n.joint_states_topic, "instruction": n.instruction_topic,
-             "episode_result": n.episode_result_topic}  # fmt: skip
+    compressed = cfg.node.compressed_images
+    named = {**{view: topics.image_topic(view, compressed) for view in cfg.decoder.views}, "pose": topics.POSE,
+             "joint_states": topics.JOINT_STATES, "instruction": topics.INSTRUCTION,
+             "episode_result": topics.EPISODE_RESULT}  # fmt: skip
     out = {}
     for kind, topic in named.items():
-        names = (resolve(topic, node_name, namespace), resolve(topic, node_name, "/"))
+        names = [resolve(topic, node_name, namespace), resolve(topic, node_name, "/")]
+        if compressed and kind in cfg.decoder.views:  # a recording may carry it under the raw name
+            names += [resolve(topics.image_topic(kind), node_name, ns) for ns in (namespace, "/")]
         out[kind] = tuple(dict.fromkeys(names))
     return out
 
 
 def output_topics(cfg: PolicyNodeConfig, node_name: str, namespace: str) -> dict[str, str]:
     """Resolved output topic -> type, from the configuration."""
-    n = cfg.node
-    named = {n.command_topic: OUTPUT_TYPES["arm_command"], n.stats_topic: OUTPUT_TYPES["decode_stats"],
+    named = {topics.ARM_COMMAND: OUTPUT_TYPES["arm_command"], topics.DECODE_STATS: OUTPUT_TYPES["decode_stats"],
              "/diagnostics": OUTPUT_TYPES["/diagnostics"]}  # fmt: skip
-    a = n.arm_outputs  # the arm-stack outputs that are switched on
-    for on, topic, default in ((a.publish_twist, a.twist_topic, "delta_twist_cmds"),
-                               (a.publish_pose_target, a.pose_target_topic, "target_pose"),
-                               (a.publish_gripper_trajectory, a.gripper_trajectory_topic, "gripper_trajectory"),
-                               (a.publish_gripper_positions, a.gripper_positions_topic, "gripper_positions")):
+    a = cfg.node.arm_outputs  # the arm-stack outputs that are switched on
+    for on, topic in ((a.publish_twist, topics.SERVO_TWIST), (a.publish_pose_target, topics.POSE_TARGET),
+                      (a.publish_gripper_trajectory, topics.GRIPPER_TRAJECTORY),
+                      (a.publish_gripper_positions, topics.GRIPPER_POSITIONS)):  # fmt: skip
         if on:
-            named[topic] = OUTPUT_TYPES[default]
+            named[topic] = OUTPUT_TYPES[topic]
     return {resolve(t, node_name, namespace): ty for t, ty in named.items()}
 
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 from heisd_ros.core.errors import InputLimitError
 from heisd_ros.core.types import StepStats
+from heisd_ros.ros import topics
 from heisd_ros.ros.input_limits import check_instruction, quote
 from heisd_ros.ros.params import NodeConfig
 
@@ -76,7 +77,7 @@ class TaskControl:
         self._enabled = config().command_enabled
         self._episode: Episode | None = None
         self._count = 0
-        self._idle = f"no instruction received yet on {config().instruction_topic!r} and no ~/run_task goal"
+        self._idle = f"no instruction received yet on {node.resolve_topic_name(topics.INSTRUCTION)!r} and no ~/run_task goal"
         self._results: dict[bytes, Any] = {}  # goal id -> the result its execution returns
         self._action = ActionServer(node, RunTask, "~/run_task", execute_callback=self._execute,
                                     goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,

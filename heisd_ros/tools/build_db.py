@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.models.spec import ModelSpec
 from heisd_ros.pipeline.action_convention import DemoDataError
 from heisd_ros.pipeline.episodes import VIEWS
 from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
@@ -112,6 +113,11 @@ class BuildDbConfig:
         if self.latency_queries < 0 or self.top_k < 1 or self.batch_size < 1 or self.threads < 1:
             raise ConfigError("latency_queries >= 0, top_k, batch_size and threads >= 1")
 
+    @property
+    def model_spec(self) -> ModelSpec:
+        """How the model is loaded; recorded in the manifest, where the node checks it."""
+        return ModelSpec(self.model, self.dtype, "cpu", self.unnorm_key, self.center_crop)
+
 
 def search_latency(store, n_queries: int, top_k: int, seed: int) -> dict:
     """Top-k task-filtered query latency (ms) over `n_queries` stored obs vectors as queries."""
@@ -137,7 +143,7 @@ def search_latency(store, n_queries: int, top_k: int, seed: int) -> dict:
 def run(cfg: BuildDbConfig) -> dict:
     """Store every missing episode of the sources, optimise, measure search latency; the build report."""
     from heisd_ros.core.config import StoreConfig
-    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.loader import load_model
     from heisd_ros.pipeline.features import model_digest
     from heisd_ros.store.factory import make_store
 
@@ -147,7 +153,7 @@ def run(cfg: BuildDbConfig) -> dict:
     if cfg.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    vla = load_vla(cfg.model, dtype=cfg.dtype, unnorm_key=cfg.unnorm_key or None, center_crop=cfg.center_crop)
+    vla = load_model(cfg.model_spec).vla
     digest = model_digest(cfg.model)
     query_views = cfg.query_views or len(VIEWS)
     manifest = _current_manifest(out / MANIFEST, cfg, digest, query_views)
@@ -174,7 +180,7 @@ def run(cfg: BuildDbConfig) -> dict:
         "config": dataclasses.asdict(cfg),
         "git_revision": git_revision(),
         "threads": cfg.threads,
-        "model_digest": digest, "dtype": cfg.dtype, "query_views": query_views, "center_crop": cfg.center_crop,
+        "model_digest": digest, **cfg.model_spec.recorded(), "query_views": query_views,
         "action_check": action_check,
         "episodes": len(refs), "held_out_left_out": len(held_out) if cfg.train_split_only else 0,
         "episodes_skipped_as_done": skipped, "points_written": written,
@@ -191,12 +197,12 @@ def run(cfg: BuildDbConfig) -> dict:
 def _current_manifest(path: Path, cfg: BuildDbConfig, digest: str, query_views: int) -> dict:
     """The manifest at `path` if its vectors fit this build, else a fresh one (nothing done)."""
     manifest = json.loads(path.read_text()) if path.is_file() else {}
-    if (manifest.get("model_digest") != digest or manifest.get("dtype", "float32") != cfg.dtype
-            or manifest.get("query_views", len(VIEWS)) != query_views
-            or manifest.get("center_crop", False) != cfg.center_crop):
-        # another model, the same one at another dtype or crop, or other views: every stored vector is stale
-        manifest = {"model": str(cfg.model), "model_digest": digest, "dtype": cfg.dtype,
-                    "query_views": query_views, "center_crop": cfg.center_crop, "done": {}}
+    recorded = cfg.model_spec.recorded()
+    built = {"dtype": manifest.get("dtype", "float32"), "unnorm_key": manifest.get("unnorm_key", ""),
+             "center_crop": manifest.get("center_crop", False)}  # fmt: skip
+    if manifest.get("model_digest") != digest or built != recorded or manifest.get("query_views", len(VIEWS)) != query_views:
+        # another model, the same one loaded another way, or other views: every stored vector is stale
+        manifest = {"model": str(cfg.model), "model_digest": digest, **recorded, "query_views": query_views, "done": {}}
     return manifest
 
 

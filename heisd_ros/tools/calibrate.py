@@ -206,15 +206,18 @@ def run(cfg: CalibrateConfig) -> dict:
     from heisd_ros.pipeline.calibration import apply_calibration, calibrate, save_calibration
     from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
     from heisd_ros.pipeline.features import FeatureCache, GreedyCache
-    from heisd_ros.models.loader import load_policy_model
+    from heisd_ros.models.loader import load_model
+    from heisd_ros.models.spec import ModelSpec
     from heisd_ros.store.factory import make_store
+    from heisd_ros.store.manifest import read_manifest
     from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    _check_crop(cfg)
-    vla, prior = load_policy_model(cfg.model, dtype=cfg.dtype, unnorm_key=cfg.unnorm_key or None,
-                                   center_crop=cfg.center_crop)
+    spec = ModelSpec(cfg.model, cfg.dtype, "cpu", cfg.unnorm_key, cfg.center_crop)
+    # live features of the model loaded as the database's was (its manifest records how)
+    spec.check_database(read_manifest(cfg.db), cfg.db)
+    vla, prior = load_model(spec)
     store = make_store(StoreConfig(backend="edge", path=cfg.db, collection=cfg.collection))
     try:
         points = list(store.scroll())
@@ -252,17 +255,6 @@ def run(cfg: CalibrateConfig) -> dict:
     if applied.fused_metric.tau != calib["fused_metric"]["tau"]:
         raise CalibrationError(f"{cfg.out} does not apply to a DecoderConfig")
     return calib
-
-
-def _check_crop(cfg: CalibrateConfig) -> None:
-    """Refuse live features under another crop than the database's (its manifest says which)."""
-    from heisd_ros.store.manifest import read_manifest
-
-    manifest = read_manifest(cfg.db)
-    built = bool(manifest.get("center_crop", False)) if manifest is not None else cfg.center_crop
-    if built != cfg.center_crop:
-        raise ConfigError(f"the database at {cfg.db} was built {'with' if built else 'without'} --center-crop; "
-                          "give calibrate the same")
 
 
 def pin_operating_point(calib: dict, tau: float | None, min_similarity: float | None,

@@ -322,9 +322,10 @@ def load(args: argparse.Namespace) -> tuple[object, object, torch.nn.Module]:
     """(VLA, state prior or None, drafter); ModelLoadError / UnknownTaskError when that fails."""
     from heisd_ros.core.drafter import EagleDrafter, load_drafter
     from heisd_ros.models.dtypes import DTYPES
-    from heisd_ros.models.loader import load_policy_model
+    from heisd_ros.models.loader import load_model
+    from heisd_ros.models.spec import ModelSpec
 
-    vla, prior = load_policy_model(args.model, dtype=args.dtype, device=args.device)
+    vla, prior = load_model(ModelSpec(args.model, args.dtype, args.device))
     vla.stats(args.unnorm_key or None)  # an unknown or missing key names the known ones
     config = vla.language_model.config
     if args.drafter:

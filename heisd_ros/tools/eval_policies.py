@@ -86,7 +86,8 @@ class Policies:
         from heisd_ros.core.drafter import load_drafter
         from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
         from heisd_ros.models.dtypes import DTYPES
-        from heisd_ros.models.loader import load_policy_model
+        from heisd_ros.models.loader import load_model
+        from heisd_ros.models.spec import ModelSpec
         from heisd_ros.policy import (
             PolicyPaths,
             open_store,
@@ -98,7 +99,6 @@ class Policies:
         raw = PolicyPaths(cfg.model_dir, "" if tiny else cfg.drafter_dir, "" if tiny else cfg.db_path,
                           "" if tiny else cfg.calibration_path, tiny_cache_dir=cfg.tiny_dir)
         self.paths = resolve_paths(raw)
-        self.vla, prior = load_policy_model(self.paths.model_dir, dtype=cfg.dtype)
         variants = {v.name: v for v in cfg.variants}
         method_of = {m: variants[m].method if m in variants else m for m in cfg.labels}
         needs_store = any(m in NEEDS_STORE for m in method_of.values())
@@ -106,6 +106,7 @@ class Policies:
         base = resolve_decoder_config(_base_config(cfg), self.paths if needs_store else
                                       dataclasses.replace(self.paths, db_path=""))
         self.base_cfg = base
+        self.vla, prior = load_model(ModelSpec.of_decoder(self.paths.model_dir, base))
         drafter = None
         if any(m in NEEDS_DRAFTER for m in method_of.values()):
             lm_cfg = self.vla.language_model.config

@@ -136,13 +136,15 @@ def make_bag(path: str | Path, cfg: MakeBagConfig = MakeBagConfig()) -> dict:
     if path.exists():
         raise ConfigError(f"{path} exists; choose a new bag path")
     img_type = COMPRESSED_IMAGE if cfg.compressed != "none" else IMAGE
+    # image_transport's names: a compressed stream is <camera>/image_raw/compressed, as the node reads it
+    names = {**TOPICS, **{v: TOPICS[v] + "/compressed" for v in VIEWS if cfg.compressed != "none"}}
     rng = np.random.default_rng(cfg.seed)
     dt = 1.0 / cfg.rate_hz
     steps, t = 0, cfg.start_time_s
     with BagWriter(path, cfg.storage) as bag:
         for key, msgtype in (("agentview", img_type), ("wrist", img_type), ("pose", POSE), ("instruction", STRING),
                              ("episode_result", BOOL), ("command", ARM_COMMAND)):  # fmt: skip
-            bag.add(TOPICS[key], msgtype)
+            bag.add(names[key], msgtype)
         done = bag.ts.types[BOOL](data=True)
         for e, (episode, actions) in enumerate(_episodes(cfg)):
             if e:
@@ -155,14 +157,14 @@ def make_bag(path: str | Path, cfg: MakeBagConfig = MakeBagConfig()) -> dict:
                 bag.write(TOPICS["pose"], _ns(t), pose_msg(header(_ns(t), "base_link"), s.ee_pos))
                 for view in VIEWS:
                     ti = t + float(rng.uniform(0.0, cfg.jitter_s))
-                    bag.write(TOPICS[view], _ns(ti + 1e-4), _image(s.images[view], ti, view, cfg))
+                    bag.write(names[view], _ns(ti + 1e-4), _image(s.images[view], ti, view, cfg))
                 # the demonstrated action of this step, as a recording of a teleoperated arm carries it
                 cmd = arm_command_msg(header(_ns(t), "base_link"), k + 1, actions[k], "demo", "demo")
                 bag.write(TOPICS["command"], _ns(t + 2e-4), cmd)
                 steps += 1
                 t += dt
         bag.write(TOPICS["episode_result"], _ns(t), done)
-    counts = {key: bag.counts[topic] for key, topic in TOPICS.items()}
+    counts = {key: bag.counts[topic] for key, topic in names.items()}
     return {"path": str(path), "steps": steps, "messages": counts, "config": dataclasses.asdict(cfg)}
 
 

@@ -55,6 +55,7 @@ from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.pipeline import bags
 from heisd_ros.pipeline.outputs import git_revision
 from heisd_ros.ros import replay_target as target
+from heisd_ros.ros import topics
 from heisd_ros.ros.bag_stream import RoutePlan, StreamLog, plan_routes, stream_segments
 from heisd_ros.ros.playback import MethodRun, PlayConfig, Player, Recorder
 from heisd_ros.tools.replay_summary import (
@@ -185,7 +186,7 @@ def _plan(bag: Path, cfg: ReplayConfig, node_cfg: Any, say: Callable[[str], None
     if types is None:
         raise ConfigError(f"bag {bag} not found (a rosbag2 directory)")
     targets = target.input_targets(node_cfg, cfg.node_name, cfg.namespace)
-    command = target.resolve(node_cfg.node.command_topic, cfg.node_name, "/")
+    command = target.resolve(topics.ARM_COMMAND, cfg.node_name, "/")
     plan = plan_routes(types, targets, node_cfg.decoder.views, cfg.explicit_map(), command)
     views = node_cfg.decoder.views
     missing = [v for v in views if v not in plan.views]

@@ -140,7 +140,8 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int, state_prio
 
 
 def run(cfg: TrainDrafterConfig) -> dict:
-    from heisd_ros.models.loader import load_policy_model
+    from heisd_ros.models.loader import load_model
+    from heisd_ros.models.spec import ModelSpec
     from heisd_ros.pipeline.episodes import load_episode
     from heisd_ros.pipeline.features import (FeatureCache, GreedyCache, episode_tokens, held_out_split,
                                              own_examples)
@@ -150,7 +151,7 @@ def run(cfg: TrainDrafterConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    vla, prior = load_policy_model(cfg.model, unnorm_key=cfg.unnorm_key or None, center_crop=cfg.center_crop)
+    vla, prior = load_model(ModelSpec(cfg.model, unnorm_key=cfg.unnorm_key, center_crop=cfg.center_crop))
     refs = EpisodeSources.of(cfg).refs()
     train_refs, val_refs = held_out_split(refs, cfg.model, cfg.val_fraction, cfg.seed)
     cache_dir = cfg.cache_dir or str(Path(cfg.model)) + "_features"

@@ -122,7 +122,9 @@ class NodeRig:
     def fake(self, **kwargs) -> FakeDecoder:
         return FakeDecoder(**kwargs)
 
-    def start(self, decoder=None, **params):
+    def start(self, decoder=None, remaps: dict | None = None, cli_args: tuple = (), **params):
+        """A PolicyNode with `params` over the rig's defaults; `remaps` (node name -> topic) and
+        `cli_args` go on its command line, as `--ros-args -r NAME:=TOPIC` would."""
         from rclpy.parameter import Parameter
 
         from heisd_ros.ros.node import PolicyNode
@@ -133,13 +135,15 @@ class NodeRig:
                      "warmup_steps": 0, **params}  # fmt: skip
         self.decoder = decoder or FakeDecoder()
         self.started += 1  # unique names: rclpy drops /rosout of a re-created node of the same name
+        args = ["--ros-args", *(a for name, topic in (remaps or {}).items() for a in ("-r", f"{name}:={topic}")),
+                *cli_args]  # fmt: skip
         node = PolicyNode(lambda cfg: self.decoder, node_name=f"policy_node_{self.started}", context=self.ctx,
-                          parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
+                          cli_args=args, parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
         self.executor.add_node(node)
         self.policy = node
         self._make_clients(node.get_name())
-        if overrides.get("autostart", True):
-            self.wait_discovery(instruction="instruction_topic" not in params)
+        if overrides.get("autostart", True) and set(remaps or {}) <= {"instruction"}:  # else the caller waits
+            self.wait_discovery(instruction="instruction" not in (remaps or {}))
         return node
 
     def wait_discovery(self, instruction: bool = True) -> None:

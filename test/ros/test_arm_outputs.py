@@ -49,7 +49,7 @@ def test_defaults_are_off_and_valid():
 
 
 @pytest.mark.parametrize("bad", [
-    {"twist_topic": "has space"}, {"position_unit_m": 0.0}, {"rotation_unit_rad": math.nan},
+    {"position_unit_m": 0.0}, {"rotation_unit_rad": math.nan},
     {"rotation_format": "euler"}, {"max_linear_speed_mps": (0.1, 0.1)}, {"max_angular_speed_radps": (0.1, -1, 0.1)},
     {"workspace_min_m": (0.0, 0.0, 2.0)}, {"out_of_workspace": "ignore"}, {"gripper_joint_names": ("a", "a")},
     {"gripper_open_positions": (0.04,)}, {"gripper_closed_positions": (0.0, math.inf)}, {"gripper_motion_time_s": 0.0},
@@ -69,7 +69,7 @@ def test_registered_as_node_parameters():
 
     specs = {s.name: s for s in param_specs() if s.name.startswith("arm_outputs.")}
     assert len(specs) == len(ao.ArmOutputsConfig.__dataclass_fields__)
-    assert specs["arm_outputs.publish_twist"].read_only and specs["arm_outputs.twist_topic"].read_only
+    assert specs["arm_outputs.publish_twist"].read_only and specs["arm_outputs.gripper_joint_names"].read_only
     assert not specs["arm_outputs.max_linear_speed_mps"].read_only
     assert specs["arm_outputs.max_linear_speed_mps"].kind == "float_array"
     values = config_to_values(build_config({"model_dir": "m"}))

@@ -93,11 +93,12 @@ class Rig:
                      "diagnostics_period_s": 0.2, "warn_throttle_s": 0.0, "image_staleness_s": 1.0,
                      "pose_staleness_s": 1.0, "watchdog_factor": 40.0, "compressed_images": compressed,
                      "command_enabled": True, **params}
+        remaps = []  # the compressed streams come on the rig's own names: remapped, as a user would
         if compressed:
-            overrides["image_topics"] = list(COMPRESSED_TOPICS)
+            remaps = [a for v, t in zip(VIEWS, COMPRESSED_TOPICS) for a in ("-r", f"{v}/image_raw/compressed:={t}")]
         self.compressed = compressed
         self.policy = PolicyNode(context=self.node.context, node_name=f"limits_{len(self.logs)}_{time.monotonic_ns()}",
-                                 parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
+                                 cli_args=["--ros-args", *remaps], parameter_overrides=[Parameter(k, value=v) for k, v in overrides.items()])
         self.executor.add_node(self.policy)
         pubs = [*(self.pub_png if compressed else self.pub_raw).values(), self.pub_pose, self.pub_instr]
         assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 10.0), "discovery timed out"

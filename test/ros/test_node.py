@@ -269,7 +269,7 @@ def test_bad_input_gives_no_command_a_warning_a_diagnostic_and_recovers(rig, pol
 
 
 def test_no_instruction_yet(rig):
-    rig.start(instruction_topic="instruction_not_sent_yet")
+    rig.start(remaps={"instruction": "instruction_not_sent_yet"})
     try:
         n_cmd, n_diag = len(rig.commands), len(rig.diags)
         rig.publish_set()
@@ -403,7 +403,9 @@ def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
     "params, words",
     [
         ({"control_rate_hz": -1.0}, "control_rate_hz"),
-        ({"image_topics": ["only_one"]}, "one topic per view"),
+        ({"image_topics": ["only_one", "two"]}, r"image_topics.*-r <view>/image_raw:=YOUR_TOPIC"),
+        ({"pose_topic": "/robot/pose"}, "no longer exist.*-r ee_pose:=YOUR_TOPIC"),
+        ({"store.path": "/db"}, "store.path -> db_path"),  # one field names the database
         ({"model_dir": ""}, "model_dir is required"),
         ({"instruction_durability": "latched"}, "instruction_durability must be one of"),
         ({"after_episode": "repeat"}, "after_episode must be one of"),
@@ -412,7 +414,6 @@ def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
         ({"decoder.method": "magic"}, "unknown method"),
         ({"sync_slop_s": 2.0}, "sync_slop_s"),
         ({"control_rate_hz": 10}, "must be of type float"),
-        ({"image_topics": ["cam a", "cam_b"]}, "invalid topic name"),
         ({"action_limits": [0.5] * 7}, "must be finite and >= max_abs_action"),
         ({"watchdog_factor": 0.5}, "watchdog_factor must be in"),
         ({"decoder.verify_skip.max_consecutive_skips": -1}, "max_consecutive_skips"),
@@ -427,6 +428,59 @@ def test_invalid_parameters_fail_start_up_with_reason(rig, params, words):
     overrides = [Parameter(k, value=v) for k, v in {"model_dir": "fake", "warmup_steps": 0, **params}.items()]
     with pytest.raises(ConfigError, match=words):
         PolicyNode(lambda cfg: rig.fake(), context=rig.ctx, parameter_overrides=overrides)
+
+
+def test_remapping_each_topic_is_all_it_takes(rig):
+    """Every input and output moved with `--ros-args -r NAME:=TOPIC` alone: the node decodes what
+    arrives on the new names and commands on the new name, and nothing stays on the old ones."""
+    from geometry_msgs.msg import PoseStamped
+    from heisd_ros.msg import ArmCommand, DecodeStats
+    from sensor_msgs.msg import Image
+
+    from heisd_ros.ros.qos import EVENT_QOS, SENSOR_QOS
+
+    moved = {"agentview/image_raw": "/robot/front_cam/color", "wrist/image_raw": "/robot/wrist_cam/color",
+             "ee_pose": "/franka/ee_pose", "instruction": "/planner/task", "episode_result": "/planner/outcome",
+             "arm_command": "/franka/policy_command", "decode_stats": "/franka/policy_stats"}  # fmt: skip
+    n = rig.node
+    pubs = {name: n.create_publisher(Image, moved[f"{name}/image_raw"], SENSOR_QOS) for name in ("agentview", "wrist")}
+    pose_pub = n.create_publisher(PoseStamped, moved["ee_pose"], SENSOR_QOS)
+    task_pub = n.create_publisher(String, moved["instruction"], 10)
+    result_pub = n.create_publisher(Bool, moved["episode_result"], EVENT_QOS)
+    commands, stats = [], []
+    subs = [n.create_subscription(ArmCommand, moved["arm_command"], commands.append, EVENT_QOS),
+            n.create_subscription(DecodeStats, moved["decode_stats"], stats.append, EVENT_QOS)]  # fmt: skip
+    policy = rig.start(remaps=moved)
+    try:
+        everything = [*pubs.values(), pose_pub, task_pub, result_pub]
+        assert rig.wait(lambda: all(p.get_subscription_count() == 1 for p in everything)
+                        and all(s.get_publisher_count() == 1 for s in subs), 5.0), "a remapped topic is not connected"
+        assert all(p.get_subscription_count() == 0 for p in [*rig.pub_img.values(), rig.pub_pose, rig.pub_instr])
+        n_old = len(rig.commands)
+        task_pub.publish(String(data="pick up the red bowl"))
+        assert rig.wait(lambda: policy.instruction == "pick up the red bowl", 2.0)
+        t = rig.now()
+        for view, pub in pubs.items():
+            pub.publish(conv.rgb_to_image(np.zeros((8, 8, 3), np.uint8), t, view))  # the rig's size
+        pose_pub.publish(conv.position_to_pose((0.1, 0.2, 0.3), t, "base_link"))
+        assert rig.wait(lambda: any(abs(conv.stamp_to_s(c.header.stamp) - t) < 1e-6 for c in commands), 3.0)
+        assert rig.wait(lambda: len(stats) >= 1, 2.0)
+        assert len(rig.commands) == n_old, "a command went to the default name too"
+        result_pub.publish(Bool(data=True))
+        assert rig.wait(lambda: rig.decoder.feedback == [True], 2.0), "episode_result on its new name not heard"
+    finally:
+        rig.stop()
+        rig.on_executor(lambda: [n.destroy_publisher(p) for p in everything] + [n.destroy_subscription(s) for s in subs])
+
+
+def test_a_parameter_file_naming_a_topic_fails_with_the_remap_to_use(rig, tmp_path):
+    params = tmp_path / "old_policy.yaml"
+    params.write_text("/**:\n  ros__parameters:\n    model_dir: fake\n    pose_topic: /franka/ee_pose\n"
+                      "    image_topics: [/cam_a/image_raw, /cam_b/image_raw]\n")
+    with pytest.raises(ConfigError, match=r"pose_topic -> --ros-args -r ee_pose:=YOUR_TOPIC") as err:
+        PolicyNode(lambda cfg: rig.fake(), context=rig.ctx, cli_args=["--ros-args", "--params-file", str(params)],
+                   parameter_overrides=[Parameter("warmup_steps", value=0)])
+    assert "image_topics -> --ros-args -r <view>/image_raw:=YOUR_TOPIC" in str(err.value)
 
 
 def test_decoder_load_failure_fails_start_up(rig):
@@ -569,7 +623,8 @@ def _launch(monkeypatch, **given):
 
 
 def test_launch_file_builds_a_lifecycle_node_with_params_and_remappings(monkeypatch):
-    from heisd_ros.ros.params import NodeConfig
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.ros import topics
 
     declared, node = _launch(monkeypatch)
     assert type(node).__name__ == "LifecycleNode"
@@ -578,12 +633,11 @@ def test_launch_file_builds_a_lifecycle_node_with_params_and_remappings(monkeypa
     assert {"params_file", "namespace", "use_sim_time", "autostart", "model_dir"} <= set(declared)
     assert declared["autostart"] == ""  # the parameter file's autostart (true by default) unless given
     remapped = {src for src, _ in node.kwargs["remappings"]}
-    d = NodeConfig(model_dir="x")
-    a = d.arm_outputs
-    assert set(d.image_topics) | {d.pose_topic, d.joint_states_topic, d.instruction_topic, d.episode_result_topic,
-                                  d.command_topic, d.stats_topic, a.twist_topic,
-                                  a.pose_target_topic, a.gripper_trajectory_topic,
-                                  a.gripper_positions_topic} == remapped  # fmt: skip
+    names = {topics.image_topic(v) for v in DecoderConfig().views} | {
+        topics.POSE, topics.JOINT_STATES, topics.INSTRUCTION, topics.EPISODE_RESULT, topics.ARM_COMMAND,
+        topics.DECODE_STATS, topics.SERVO_TWIST, topics.POSE_TARGET, topics.GRIPPER_TRAJECTORY,
+        topics.GRIPPER_POSITIONS}  # fmt: skip
+    assert names == remapped  # every name the node uses has a launch argument
     params_file, overrides = node.kwargs["parameters"]
     assert params_file == "share/heisd_ros/config/policy.yaml"
     # model_dir only when given: an empty one would override the parameter file's

@@ -367,7 +367,7 @@ def test_reset_ends_the_episode_until_an_instruction_arrives(rig):
 
 def test_a_volatile_instruction_publisher_is_heard(rig):
     """The default durability (volatile) matches the rclpy/rclcpp default publisher."""
-    policy = rig.start(instruction_topic="planner_instruction")
+    policy = rig.start(remaps={"instruction": "planner_instruction"})
     pub = rig.node.create_publisher(String, "planner_instruction", QoSProfile(depth=10))
     try:
         assert pub.qos_profile.durability == DurabilityPolicy.VOLATILE
@@ -385,10 +385,10 @@ def test_transient_local_durability_hears_a_latched_instruction_sent_before_star
     pub = rig.node.create_publisher(String, "latched_instruction", latched)
     pub.publish(String(data=TASK))
     try:
-        policy = rig.start(instruction_topic="latched_instruction", instruction_durability="transient_local")
+        policy = rig.start(remaps={"instruction": "latched_instruction"}, instruction_durability="transient_local")
         assert rig.wait(lambda: policy.instruction == TASK, 3.0)
         rig.stop()
-        policy = rig.start(instruction_topic="latched_instruction")  # volatile: what was sent before is not heard
+        policy = rig.start(remaps={"instruction": "latched_instruction"})  # volatile: what was sent before is not heard
         assert rig.wait(lambda: pub.get_subscription_count() == 1, 5.0)
         time.sleep(0.3)
         assert policy.instruction is None

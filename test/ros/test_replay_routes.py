@@ -137,3 +137,17 @@ def test_plots_are_written(recording, tmp_path):
             assert im.format == "PNG" and im.width >= 600 and im.height >= 300
             assert len(np.unique(np.asarray(im.convert("L")))) > 8  # something was drawn
         assert Path(p).stat().st_size > 10_000
+
+
+def test_inputs_resolve_against_the_node_topic_names():
+    """--map and name matching use the node's fixed names (heisd_ros.ros.topics) in its namespace;
+    a compressed view also matches a recording that carries it under the raw name."""
+    from heisd_ros.ros.replay_target import input_targets, load_node_config
+
+    plain = input_targets(load_node_config(None), "policy_node", "/arm")
+    assert plain["agentview"] == ("/arm/agentview/image_raw", "/agentview/image_raw")
+    assert plain["pose"] == ("/arm/ee_pose", "/ee_pose") and plain["instruction"][0] == "/arm/instruction"
+    packed = input_targets(load_node_config(None, {"compressed_images": True}), "policy_node", "/")
+    assert packed["wrist"] == ("/wrist/image_raw/compressed", "/wrist/image_raw")
+    with pytest.raises(ConfigError, match="-r ee_pose:=YOUR_TOPIC"):
+        load_node_config(None, {"pose_topic": "/franka/ee_pose"})

@@ -81,13 +81,13 @@ def test_torch_threads_is_set_before_the_model_loads_and_only_the_worker_decodes
 
     wanted = 1 if torch.get_num_threads() != 1 else 2
     at_load: list[int] = []
-    real_load = policy.load_policy_model
+    real_load = policy.load_model
 
-    def load_policy_model(*args, **kwargs):
+    def load_model(*args, **kwargs):
         at_load.append(torch.get_num_threads())
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(policy, "load_policy_model", load_policy_model)
+    monkeypatch.setattr(policy, "load_model", load_model)
     recorders: list[ThreadRecorder] = []
 
     def factory(cfg):

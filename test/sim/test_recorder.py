@@ -108,22 +108,20 @@ def test_mcap_export_reads_back(tmp_path: Path) -> None:
     assert result.data is True
 
 
-def test_mcap_topics_match_policy_yaml() -> None:
-    """The export uses the node's own topic names (config/policy.yaml, relative -> absolute)."""
-    yaml = pytest.importorskip("yaml")
-    cfg_path = Path(__file__).resolve().parents[2] / "config" / "policy.yaml"
-    if not cfg_path.is_file():
-        pytest.skip("config/policy.yaml not present")
-    params = yaml.safe_load(cfg_path.read_text())["/**"]["ros__parameters"]
+def test_mcap_topics_are_the_node_topics() -> None:
+    """The export uses the node's own topic names (heisd_ros.ros.topics, relative -> absolute), so a
+    recording replays into a node started without remaps."""
+    from heisd_ros.ros import topics as node_topics
+
     topics = BagTopics()
-    absolute = lambda name: name if name.startswith("/") else "/" + name  # noqa: E731
-    assert [t for _, t in topics.images] == [absolute(t) for t in params["image_topics"]]
-    assert topics.ee_pose == absolute(params["pose_topic"])
-    assert topics.joint_states == absolute(params["joint_states_topic"])
-    assert list(topics.finger_joints) == params["finger_joints"]
-    assert topics.instruction == absolute(params["instruction_topic"])
-    assert topics.episode_result == absolute(params["episode_result_topic"])
-    assert topics.command == absolute(params["command_topic"])
+    absolute = lambda name: "/" + name  # noqa: E731
+    assert [t for _, t in topics.images] == [absolute(node_topics.image_topic(v)) for v, _ in topics.images]
+    assert [v for v, _ in topics.images] == ["agentview", "wrist"]
+    assert topics.ee_pose == absolute(node_topics.POSE)
+    assert topics.joint_states == absolute(node_topics.JOINT_STATES)
+    assert topics.instruction == absolute(node_topics.INSTRUCTION)
+    assert topics.episode_result == absolute(node_topics.EPISODE_RESULT)
+    assert topics.command == absolute(node_topics.ARM_COMMAND)
 
 
 def test_partial_demo_from_a_killed_writer_is_dropped(tmp_path: Path) -> None:

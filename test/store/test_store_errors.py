@@ -189,20 +189,25 @@ def test_a_database_embedded_at_another_dtype_is_named_at_open(edge_template, tm
     import shutil
 
     from heisd_ros.core.config import DecoderConfig
-    from heisd_ros.policy import PolicyPaths, database_dtype, open_store
+    from heisd_ros.core.errors import DatabaseError
+    from heisd_ros.policy import PolicyPaths, open_store
 
     db = tmp_path / "db"
     shutil.copytree(edge_template, db)
-    assert database_dtype(str(db)) is None and database_dtype("") is None  # no manifest: unknown
+    # a manifest from before build-db --dtype: float32
     (db / "build_db_manifest.json").write_text(json.dumps({"model_digest": "x", "done": {}}))
-    assert database_dtype(str(db)) == "float32"  # manifests from before build-db --dtype
-    with caplog.at_level(logging.WARNING, logger="heisd_ros.policy"):
+    with caplog.at_level(logging.WARNING, logger="heisd_ros"):
         open_store(DecoderConfig(), PolicyPaths("x", db_path=str(db)), None).close()
         assert not caplog.records  # same dtype: nothing to say
         open_store(DecoderConfig(dtype="bfloat16"), PolicyPaths("x", db_path=str(db)), None).close()
     assert "embedded at float32, the policy runs at bfloat16" in caplog.text
-    (db / "build_db_manifest.json").write_text(json.dumps({"dtype": "bfloat16", "done": {}}))
-    assert database_dtype(str(db)) == "bfloat16"
+    # the model spec recorded by build-db: another unnorm_key tokenised other actions, refused
+    (db / "build_db_manifest.json").write_text(json.dumps({"dtype": "float32", "unnorm_key": "libero_object",
+                                                           "center_crop": False, "done": {}}))
+    with pytest.raises(DatabaseError, match="unnorm_key 'libero_object'.*'libero_spatial'"):
+        open_store(DecoderConfig(unnorm_key="libero_spatial"), PolicyPaths("x", db_path=str(db)), None)
+    open_store(DecoderConfig(unnorm_key="libero_object"), PolicyPaths("x", db_path=str(db)), None).close()
+    open_store(DecoderConfig(), PolicyPaths("x", db_path=str(db)), None).close()  # '': the model's default
 
 
 def test_query_views_come_from_the_database_manifest(tmp_path) -> None:

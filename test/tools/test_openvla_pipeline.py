@@ -278,7 +278,7 @@ def test_one_camera_recordings_feed_the_tools(workspace, tmp_path, capsys) -> No
 
 
 def test_center_crop_is_a_run_time_choice_recorded_by_the_database(workspace, tmp_path) -> None:
-    from heisd_ros.core.errors import ConfigError
+    from heisd_ros.core.errors import DatabaseError
     from heisd_ros.tools import build_db, calibrate
 
     root = workspace["root"]
@@ -291,12 +291,11 @@ def test_center_crop_is_a_run_time_choice_recorded_by_the_database(workspace, tm
     plain = {(p.episode, p.step): p.obs for p in _points(root / "openvla_db")}
     cropped = _points(tmp_path / "db")
     assert not np.allclose(cropped[0].obs, plain[(cropped[0].episode, cropped[0].step)])
-    with pytest.raises(ConfigError, match="built with --center-crop"):
+    with pytest.raises(DatabaseError, match="built with the centre crop, the policy runs without it"):
         calibrate.main([*common, "--db", str(tmp_path / "db"), "--out", str(tmp_path / "c.json"),
                         "--cache-dir", str(tmp_path / "cache")])
     # The node's loader: decoder.center_crop crops what the model sees and must match the database.
     from heisd_ros.core.config import DecoderConfig
-    from heisd_ros.core.errors import DatabaseError
     from heisd_ros.policy import PolicyPaths, load_policy
 
     paths = PolicyPaths(model, db_path=str(tmp_path / "db"))
