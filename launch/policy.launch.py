@@ -1,6 +1,8 @@
 """Launch the heisd_ros policy node (a managed lifecycle node).
 
-    ros2 launch heisd_ros policy.launch.py model_dir:=/path/to/checkpoint
+    ros2 launch heisd_ros policy.launch.py model_dir:=/path/to/checkpoint method:=ar
+    ros2 launch heisd_ros policy.launch.py model_dir:=/ckpt drafter_dir:=/drafter db_path:=/db \
+        calibration_path:=/ckpt/calibration.json          # method heisd (the parameter file's default)
     ros2 launch heisd_ros policy.launch.py params_file:=/path/policy.yaml namespace:=arm autostart:=false \
         agentview_image:=/cam_front/color/image_raw wrist_image:=/cam_wrist/color/image_raw \
         ee_pose:=/franka/ee_pose arm_command:=/franka/policy_command
@@ -13,7 +15,8 @@ or an including launch file reach it. `autostart` (default true) is passed to th
 configures and activates itself; launch_ros' own autostart is left off so the transitions are not
 requested twice. With autostart:=false the node waits unconfigured for a lifecycle manager or
 `ros2 lifecycle set`. Either way it commands nothing until command_enabled is set (~/enable).
-`model_dir`, when given, overrides the parameter file's. Each topic argument remaps the node's
+`model_dir`, `drafter_dir`, `db_path`, `calibration_path` and `method` (decoder.method), when
+given, override the parameter file's, so a checkpoint, drafter and database start without a YAML. Each topic argument remaps the node's
 fixed topic name (heisd_ros/ros/topics.py) to the given one: topics are set only by remapping.
 """
 
@@ -42,13 +45,25 @@ TOPICS = {
 }
 
 
+# launch argument -> the node parameter it overrides (when given), and what it is
+PATH_ARGUMENTS = {"model_dir": "model_dir", "drafter_dir": "drafter_dir", "db_path": "db_path",
+                  "calibration_path": "calibration_path", "method": "decoder.method"}
+PATH_HELP = {
+    "model_dir": "the policy's checkpoint directory",
+    "drafter_dir": "the drafter directory (methods drafter, specvla, heisd)",
+    "db_path": "the demonstration database directory (methods retrieval, specvla, heisd)",
+    "calibration_path": "the calibration file (tau, verify-skip thresholds)",
+    "method": "decoding method: ar, drafter, specvla, retrieval or heisd",
+}
+
+
 def _true(text: str) -> bool:
     return text.strip().lower() in ("true", "1", "yes")
 
 
 def _policy_node(context, *args, **kwargs):
-    """The node, built once the arguments are known (model_dir and autostart are passed only when
-    given: an empty override would replace the parameter file's value)."""
+    """The node, built once the arguments are known (the path, method and autostart arguments are
+    passed only when given: an empty override would replace the parameter file's value)."""
 
     def value(name: str) -> str:
         return LaunchConfiguration(name).perform(context)
@@ -56,8 +71,9 @@ def _policy_node(context, *args, **kwargs):
     overrides = {"use_sim_time": _true(value("use_sim_time"))}
     if value("autostart"):
         overrides["autostart"] = _true(value("autostart"))
-    if value("model_dir"):
-        overrides["model_dir"] = value("model_dir")
+    for arg, param in PATH_ARGUMENTS.items():
+        if value(arg):
+            overrides[param] = value(arg)
     return [LifecycleNode(
         package="heisd_ros",
         executable="policy_node",
@@ -76,8 +92,8 @@ def generate_launch_description() -> LaunchDescription:
     arguments = [
         DeclareLaunchArgument("params_file", default_value=default_params,
                               description="ROS 2 parameter file of the policy node"),
-        DeclareLaunchArgument("model_dir", default_value="",
-                              description="the policy's checkpoint directory (overrides the parameter file's)"),
+        *(DeclareLaunchArgument(arg, default_value="", description=f"{PATH_HELP[arg]} (overrides the parameter file's)")
+          for arg in PATH_ARGUMENTS),
         DeclareLaunchArgument("autostart", default_value="",
                               description="configure and activate at start-up: true or false (false: wait for a "
                                           "lifecycle manager); empty: the parameter file's autostart (default true)"),

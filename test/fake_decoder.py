@@ -56,6 +56,9 @@ class FakeDecoder:
     def known_tasks(self) -> list[str]:
         return list(self._known_tasks)
 
+    def task_problem(self, task: str) -> str:
+        return f"no demonstrations for task {task!r}" if task == UNKNOWN_TASK else ""
+
     def reset(self, instruction: str | None = None) -> None:
         self.resets.append(instruction)
         self.reset_steps.append(self.steps)

@@ -359,17 +359,21 @@ class HybridDecoder:
         lat["forward"] = sum(st.forward_ms)
         lat["accept"] = max(lat.get("verify", 0.0) - lat["forward"], 0.0)
 
-    def _check_task(self, task: str) -> None:
-        """Fail at the first step of an episode, not at its first retrieval, for an unknown task."""
+    def task_problem(self, task: str) -> str:
         if self.cfg.method not in NEEDS_STORE or self.cfg.unknown_task != "error":
-            return
+            return ""
         try:
             known = self.store.has_task(task)
         except DatabaseError:
-            return  # a database fault is handled per step (fallback to drafter mode)
-        if not known:
+            return ""  # a database fault is handled per step (fallback to drafter mode)
+        return "" if known else f"task {task!r} has no demonstrations in the database"
+
+    def _check_task(self, task: str) -> None:
+        """Fail at the first step of an episode, not at its first retrieval, for an unknown task."""
+        problem = self.task_problem(task)
+        if problem:
             self.instruction = None  # so the next step checks again
-            raise UnknownTaskError(f"task {task!r} has no demonstrations in the database")
+            raise UnknownTaskError(problem)
 
     def _validate(self, obs: Observation) -> None:
         missing = [v for v in self.cfg.views if v not in obs.images]

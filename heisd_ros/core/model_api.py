@@ -122,6 +122,12 @@ class Decoder(Protocol):
         """The tasks its database holds demonstrations of ([] without a database, or while it is down)."""
         ...
 
+    def task_problem(self, task: str) -> str:
+        """Why an episode of `task` cannot run ('' = it can): a method that retrieves, with
+        `unknown_task` 'error', needs the task's demonstrations in its database. A database fault
+        is no problem here (the step then decodes in drafter mode)."""
+        ...
+
     def reset(self, instruction: str | None = None) -> None:
         """Start an episode (None: idle); per-episode state is cleared."""
         ...

@@ -33,14 +33,18 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-from rclpy.lifecycle import LifecycleNode
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.clock import Clock, ClockType
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleNodeMixin
+from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -73,7 +77,7 @@ from heisd_ros.ros.step import Job, StepRunner
 from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
 from heisd_ros.ros.task_control import TaskControl
 from heisd_ros.ros.transport import fastdds_reader_memory
-from heisd_ros.ros.worker import InferenceWorker
+from heisd_ros.ros.worker import InferenceWorker, describe
 
 __all__ = ["EVENT_QOS", "LATCHED_QOS", "SENSOR_QOS", "PolicyNode", "load_decoder", "main"]
 
@@ -93,8 +97,16 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     """
 
     def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Decoder] | None = None,
-                 node_name: str = "policy_node", **node_kwargs: Any) -> None:  # fmt: skip
-        super().__init__(node_name, **node_kwargs)
+                 node_name: str = "policy_node", autostart_on_executor: bool = False,
+                 **node_kwargs: Any) -> None:  # fmt: skip
+        # LifecycleNode.__init__ without its one default group: the lifecycle services get their own,
+        # so a multi-threaded executor answers get_state while configure runs in a timer callback.
+        Node.__init__(self, node_name, **node_kwargs)
+        LifecycleNodeMixin.__init__(self, callback_group=MutuallyExclusiveCallbackGroup())
+        self.startup_error: BaseException | None = None
+        """Why an autostart run from the executor failed (main exits 1 with it); None otherwise."""
+        self._autostart_timer = None
+        self._autostarting = threading.Event()  # set while configure runs from the executor
         self._session: Session | None = None
         self._task: TaskControl | None = None
         self._showing_effective = False
@@ -110,22 +122,63 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             self._decoder_factory = decoder_factory or load_decoder
             self._inputs_lock = threading.Lock()
             self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
-            self._task = TaskControl(self, lambda: self.cfg.node, self._now_s)
+            self._task = TaskControl(self, lambda: self.cfg.node, self._now_s, self._task_problem)
             self._enable_service = self.create_service(SetBool, "~/enable", self._on_enable)
             self.add_on_set_parameters_callback(self._on_set_parameters)
             self._warn_store_timeout()
-            if self.cfg.node.autostart:
+            if self.cfg.node.autostart and autostart_on_executor:
+                # the first spin configures; a steady clock, as /clock may not run yet under use_sim_time
+                self._autostart_timer = self.create_timer(0.0, self._autostart, clock=Clock(clock_type=ClockType.STEADY_TIME))
+            elif self.cfg.node.autostart:
                 self.start()
             started = True
         finally:
             if not started:
                 self.destroy_node()
         n = self.cfg.node
+        if not n.autostart:
+            state = "unconfigured (autostart false): waiting for configure"
+        else:
+            state = "configuring from the executor" if self._autostart_timer is not None else self._task.commanding
         self.get_logger().info(
             f"policy node ready: method={self.cfg.decoder.method} views={list(self.cfg.decoder.views)} "
-            f"rate={n.control_rate_hz} Hz model={n.model_dir!r} "
-            + (self._task.commanding if n.autostart else "unconfigured (autostart false): waiting for configure")
+            f"rate={n.control_rate_hz} Hz model={n.model_dir!r} " + state
         )
+
+    def _autostart(self) -> None:
+        """Configure and activate from the executor, once; a failure is kept in `startup_error`."""
+        timer, self._autostart_timer = self._autostart_timer, None
+        if timer is None:
+            return
+        self.destroy_timer(timer)
+        self._autostarting.set()
+        try:
+            self.start()
+        except HeisdError as err:
+            self.startup_error = err
+        finally:
+            self._autostarting.clear()
+
+    def wait_for_startup(self, timeout_s: float) -> None:
+        """Let an autostart in progress on an executor thread finish before the node is torn down
+        (a signal while the model loads); at most `timeout_s`."""
+        end = time.monotonic() + timeout_s
+        while self._autostarting.is_set() and time.monotonic() < end:
+            time.sleep(0.05)
+
+    def finish_goals(self, spin_once: Callable[[float], None], reason: str = "shutdown", timeout_s: float = 1.0) -> bool:
+        """Shutdown's first part: no new step (inputs and control timer gone), the running episode
+        ended (its goal ABORTED with `reason`), then `spin_once(timeout)` until every goal's result
+        is out, at most `timeout_s`. Returns whether none was left open."""
+        if self._session is not None:
+            self._session.stop_inputs()
+        self._task.deactivate(reason)
+        end = time.monotonic() + timeout_s
+        while self._task.open_goals and time.monotonic() < end:
+            spin_once(0.01)
+        for _ in range(10):  # a result's response to a waiting client is a done callback: a few turns more
+            spin_once(0.005)
+        return self._task.open_goals == 0
 
     # ------------------------------------------------------------------ configure's resources
     def _open_session(self, decoder: Decoder) -> None:
@@ -261,10 +314,18 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             return None, f"finger gap {age:.3f} s from the images' stamp > pose_staleness_s {n.pose_staleness_s:.3f}"
         return gap[1], ""
 
+    def _task_problem(self, text: str) -> str:
+        """Why the decoder cannot run an instruction's task ('' = it can, or nothing is loaded yet)."""
+        session = self._session
+        return session.decoder.task_problem(self.cfg.node.task or text) if session is not None else ""
+
     def _on_instruction(self, raw: bytes) -> None:
         limits = self.cfg.node.input_limits
         try:
             text = check_instruction(conv.string_from_cdr(raw, limits.max_instruction_bytes), limits)
+            problem = self._task_problem(text) if text else ""
+            if problem:  # refused once here, not an error at every tick
+                raise InvalidObservationError(f"unknown task: {problem}")
         except InvalidObservationError as err:
             self._task.on_instruction_refused(str(err))
             self._status.report("instruction", WARN, f"instruction refused, no commands until a valid one: {err}")
@@ -397,8 +458,17 @@ def _on_stop_signals(handler: Callable[[int, Any], None]) -> None:
             signal.signal(sig, handler)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+def _spin_once(executor: Any, node: PolicyNode, timeout_s: float) -> None:
+    """One executor turn; a callback's exception is logged and the node goes on. rclpy re-raises a
+    callback's exception out of spin_once, and its action server's own callbacks can fail under a
+    burst of goals (a status publication refused): one bad request must not end the node."""
+    try:
+        executor.spin_once(timeout_sec=timeout_s)
+    except (ExternalShutdownException, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        node.get_logger().warning(f"a callback failed and was skipped: {describe(err)}",
+                                  throttle_duration_sec=2.0)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,40 +476,44 @@ def main(argv: list[str] | None = None) -> int:
 
     rclpy's own signal handlers are off: they shut the context down at once, under the step in
     flight and the log lines still to come. Here a signal only ends the spin loop; the node then
-    stops its worker, is destroyed, and only then is the context shut down."""
+    stops its inputs, aborts a running goal and spins until its result is out (`finish_goals`),
+    stops its worker, is destroyed, and only then is the context shut down. With autostart the node
+    configures from the executor, whose second thread keeps the lifecycle services answering
+    ("configuring") while the model loads."""
     argv = list(sys.argv if argv is None else ["policy_node", *argv])
     fastdds_reader_memory()  # received frames must not pin memory (heisd_ros/ros/transport.py)
     rclpy.init(args=ros_args(argv), signal_handler_options=SignalHandlerOptions.NO)
-    _on_stop_signals(_interrupt)  # a signal while loading ends start-up at once
-    try:
-        node = PolicyNode()
-    except HeisdError as err:
-        rclpy.logging.get_logger("policy_node").fatal(f"cannot start: {type(err).__name__}: {err}")
-        rclpy.try_shutdown()
-        return 1
-    except KeyboardInterrupt:
-        rclpy.logging.get_logger("policy_node").info("interrupted while starting")
-        rclpy.try_shutdown()
-        return 0
     stop = threading.Event()
     _on_stop_signals(lambda signum, frame: stop.set())
-    executor = SingleThreadedExecutor()
+    log = rclpy.logging.get_logger("policy_node")
+    try:
+        node = PolicyNode(autostart_on_executor=True)
+    except HeisdError as err:
+        log.fatal(f"cannot start: {type(err).__name__}: {err}")
+        rclpy.try_shutdown()
+        return 1
+    executor = MultiThreadedExecutor(num_threads=2)
     executor.add_node(node)
+    code = 0
     try:
         while not stop.is_set() and rclpy.ok():
-            executor.spin_once(timeout_sec=0.1)  # the signal handler runs between two waits
+            _spin_once(executor, node, 0.1)  # the signal handler runs between two waits
+            if node.startup_error is not None:
+                err = node.startup_error
+                log.fatal(f"cannot start: {type(err).__name__}: {err}")
+                code = 1
+                break
     except ExternalShutdownException:
         pass
     finally:
         node.get_logger().info("shutting down")
-        node.stop_commanding("shutdown")
-        for _ in range(5):  # hand a running goal its result while the executor still runs
-            executor.spin_once(timeout_sec=0.02)
+        node.wait_for_startup(60.0)
+        node.finish_goals(lambda timeout_s: _spin_once(executor, node, timeout_s))
         node.close()
         executor.shutdown(timeout_sec=1.0)
         node.destroy_node()
         rclpy.try_shutdown()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -102,6 +102,9 @@ class NodeConfig:
     """Steps decoded at configure on a synthetic observation (blank frames at the model's input size,
     a pose moving in a straight line, a task of the database), after which the decoder is reset, so
     the first real step costs what later ones do. 0 = no warm-up."""
+    goal_timeout_s: float = 300.0
+    """Longest episode of a ~/run_task goal that gives no timeout_s (0), s of node time: no goal runs
+    unbounded when its client forgets it."""
     after_episode: str = "stop"
     """What follows the end of an episode (an episode_result, ~/reset): 'stop' commands nothing until
     a new ~/run_task goal or instruction arrives; 'continue' starts a new episode with the same
@@ -169,6 +172,8 @@ class NodeConfig:
         require(type(self.torch_threads) is int and 1 <= self.torch_threads <= 1024,
                  f"torch_threads must be an integer in [1, 1024], got {self.torch_threads!r}")  # fmt: skip
         require(math.isfinite(self.warn_throttle_s) and self.warn_throttle_s >= 0, "warn_throttle_s must be >= 0")
+        require(math.isfinite(self.goal_timeout_s) and self.goal_timeout_s > 0,
+                f"goal_timeout_s must be finite and > 0, got {self.goal_timeout_s}")  # fmt: skip
 
     @property
     def expected_hw(self) -> tuple[int, int] | None:
@@ -189,7 +194,7 @@ class NodeConfig:
 NODE_DYNAMIC = frozenset({
     "command_frame_id", "image_staleness_s", "pose_staleness_s", "sync_slop_s", "expected_image_height",
     "expected_image_width", "max_abs_action", "action_limits", "watchdog_factor", "watchdog_recovery_steps",
-    "command_enabled", "after_episode",
+    "command_enabled", "after_episode", "goal_timeout_s",
     "quat_norm_tol", "warn_throttle_s",
 }) | {f"input_limits.{f.name}" for f in dataclasses.fields(InputLimits)} | {
     f"arm_outputs.{name}" for name in ARM_OUTPUTS_DYNAMIC}  # fmt: skip

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from heisd_ros.core.errors import HeisdError
 from heisd_ros.pipeline import bags
 from heisd_ros.ros.bag_stream import (
     EVENT_KINDS,
@@ -101,9 +102,17 @@ class MethodRun:
     step_map: list = field(default_factory=list)
     """(published stamp ns, recorded stamp ns) of every played step: maps outputs back to bag time."""
     timeouts: int = 0
+    silent_steps: int = 0
+    """Lockstep: consecutive steps the node gave no DecodeStats for."""
+    refusals: dict = field(default_factory=dict)
+    """Non-OK '<node>: policy' diagnostic message -> times seen since the node last answered a step."""
     wall_s: float = 0.0
     rss_mb: dict = field(default_factory=dict)
     """start / peak / end resident memory of this process during the replay, MB."""
+
+
+class ReplayStalled(HeisdError):
+    """A lockstep replay stopped: the node answers none of the steps (the message says why)."""
 
 
 class Recorder:
@@ -152,6 +161,8 @@ class Recorder:
             for st in deserialize_message(raw, cls).status:
                 if st.name.endswith(": policy"):
                     run.diagnostic = {kv.key: kv.value for kv in st.values}
+                    if st.level[0] >= 1 and st.message:
+                        run.refusals[st.message] = run.refusals.get(st.message, 0) + 1
 
     def publishers_of(self, msgtypes: Iterable[str]) -> dict[str, int]:
         """Topic -> publisher count of the recorded topics of these types."""
@@ -190,6 +201,9 @@ class PlayConfig:
     restamp: bool = True
     """Move header stamps onto the replay clock (recorded stamps fail the node's staleness checks)."""
     step_timeout_s: float = 5.0
+    max_silent_steps: int = 10
+    """Lockstep: stop (ReplayStalled, with the node's refusal) after this many consecutive steps
+    without DecodeStats, instead of waiting step_timeout_s for each of the bag's steps; 0 = never."""
     clock: bool = False
     """Paced, stamps kept: publish /clock from the bag's time (the node runs with use_sim_time)."""
     clock_hz: float = 100.0
@@ -275,8 +289,18 @@ class Player:
         end = time.monotonic() + self.cfg.step_timeout_s
         while not got_step(stamp_s) and time.monotonic() < end:
             time.sleep(0.002)
-        if not got_step(stamp_s):
-            run.timeouts += 1
+        if got_step(stamp_s):
+            run.silent_steps = 0
+            run.refusals.clear()
+            return
+        run.timeouts += 1
+        run.silent_steps += 1
+        if self.cfg.max_silent_steps and run.silent_steps >= self.cfg.max_silent_steps:
+            # the most frequent first: waiting out a step also makes its frames stale, a later reason
+            seen = sorted(run.refusals.items(), key=lambda kv: -kv[1])[:2]
+            why = "; ".join(f"{m} ({n}x)" for m, n in seen) or "none on /diagnostics (is it active, with an instruction?)"
+            raise ReplayStalled(f"the node decoded none of the last {run.silent_steps} steps (no DecodeStats within "
+                                f"{self.cfg.step_timeout_s:g} s each); its refusals: {why}")  # fmt: skip
 
     def _paced(self, seg: Segment, run: MethodRun) -> None:
         if self._t0 is None:

@@ -53,6 +53,14 @@ class Session:
         if timer is not None:
             self.node.destroy_timer(timer)
 
+    def stop_inputs(self) -> None:
+        """No new step: the control timer and the input subscriptions go (shutdown's first act, so
+        the executor's turns serve the goals' results, not camera frames)."""
+        self.stop_control()
+        for sub in self.subscriptions:
+            self.node.destroy_subscription(sub)
+        self.subscriptions = []
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop commanding and the inference thread (the step in progress finishes without
         publishing), joining it. Idempotent."""
@@ -65,13 +73,10 @@ class Session:
         """Release everything: timers and subscriptions first (no callback starts a step), then the
         worker, the decoder (`close_decoder(decoder)`, once no worker can use it: the embedded
         database's file lock is freed) and the publishers."""
-        self.stop_control()
+        self.stop_inputs()
         timer, self.diagnostics_timer = self.diagnostics_timer, None
         if timer is not None:
             self.node.destroy_timer(timer)
-        for sub in self.subscriptions:
-            self.node.destroy_subscription(sub)
-        self.subscriptions = []
         self.stop()
         if self.worker is None or not self.worker.alive:
             close_decoder(self.decoder)

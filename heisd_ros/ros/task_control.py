@@ -13,11 +13,13 @@ lock that every switch-off (deactivate, cancel, ~/enable false, a new goal) also
 switch-off has returned no command of an earlier step can follow. DecodeStats and diagnostics do not
 pass the gate.
 
-Goals: a goal is accepted only while the node is active, and is executed (given its terminal state
-and result) when its episode ends. Until then it stays accepted, so no executor thread waits on it
-(rclpy re-runs a waiting coroutine on every spin, a busy loop). Feedback is published per step.
-Everything that touches the action server (feedback, a goal's end) runs on the node's executor,
-also when the inference thread or a lifecycle call from another thread causes it.
+Goals: a goal is accepted only while the node is active and its task is one the decoder can run
+(an instruction the database lacks is rejected at goal time, with the reason). An accepted goal is
+EXECUTING at once: its execute coroutine awaits the episode's end (an rclpy Future, resolved on the
+executor; a waiting coroutine costs nothing between spins) and then gives the terminal state and
+result. Every goal has a deadline: its own timeout_s, else the node's goal_timeout_s. Feedback is
+published per step. Everything that touches the action server (feedback, a goal's end) runs on the
+node's executor, also when the inference thread or a lifecycle call from another thread causes it.
 """
 
 from __future__ import annotations
@@ -57,18 +59,20 @@ class Episode:
 class TaskControl:
     """Episodes, the actuator gate, ~/run_task and ~/reset of one policy node.
 
-    config: the node's current NodeConfig; clock_s: node time, s. The gate's command_enabled half
+    config: the node's current NodeConfig; clock_s: node time, s; task_problem: why an instruction's
+    task cannot run ('' = it can; the decoder's database knows it). The gate's command_enabled half
     changes only through `set_enabled`, which the node's parameter callback calls once a
     command_enabled value is valid (~/enable is that parameter set from a service).
     """
 
-    def __init__(self, node: Any, config: Callable[[], NodeConfig], clock_s: Callable[[], float]) -> None:
+    def __init__(self, node: Any, config: Callable[[], NodeConfig], clock_s: Callable[[], float],
+                 task_problem: Callable[[str], str] = lambda text: "") -> None:  # fmt: skip
         from rclpy.action import ActionServer
         from std_srvs.srv import Trigger
 
         from heisd_ros.action import RunTask
 
-        self._node, self._config, self._clock_s = node, config, clock_s
+        self._node, self._config, self._clock_s, self._task_problem = node, config, clock_s, task_problem
         self._log = node.get_logger()
         self._result_type = RunTask.Result
         self._feedback_type = RunTask.Feedback
@@ -78,7 +82,7 @@ class TaskControl:
         self._episode: Episode | None = None
         self._count = 0
         self._idle = f"no instruction received yet on {node.resolve_topic_name(topics.INSTRUCTION)!r} and no ~/run_task goal"
-        self._results: dict[bytes, Any] = {}  # goal id -> the result its execution returns
+        self._ends: dict[bytes, Any] = {}  # goal id -> Future of its result, resolved when its episode ends
         self._action = ActionServer(node, RunTask, "~/run_task", execute_callback=self._execute,
                                     goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
                                     cancel_callback=self._on_cancel)  # fmt: skip
@@ -224,13 +228,28 @@ class TaskControl:
         """Give the episode's goal (if any) its result: executed on the executor, terminal at once."""
         if episode is None or episode.goal is None:
             return
-        goal = episode.goal
-        self._results[bytes(goal.goal_id.uuid)] = self._result_type(
-            steps=episode.steps, success_reported=success is not None, success=bool(success), reason=reason)
-        self._soon(goal.execute)
+        result = self._result_type(steps=episode.steps, success_reported=success is not None, success=bool(success),
+                                   reason=reason)  # fmt: skip
+        self._soon(self._resolve, bytes(episode.goal.goal_id.uuid), result)
 
-    def _execute(self, goal: Any) -> Any:
-        result = self._results.pop(bytes(goal.goal_id.uuid), None) or self._result_type(reason="unknown")
+    def _resolve(self, goal_id: bytes, result: Any) -> None:
+        end = self._ends.get(goal_id)
+        if end is not None and not end.done():
+            end.set_result(result)
+
+    @property
+    def open_goals(self) -> int:
+        """Goals accepted whose execution has not returned its result yet."""
+        return len(self._ends)
+
+    async def _execute(self, goal: Any) -> Any:
+        """EXECUTING from acceptance until the episode ends; then the terminal state and the result."""
+        goal_id = bytes(goal.goal_id.uuid)
+        end = self._ends.get(goal_id)
+        try:
+            result = await end if end is not None else self._result_type(reason="unknown")
+        finally:
+            self._ends.pop(goal_id, None)
         if goal.is_cancel_requested:
             goal.canceled()
         elif result.reason in SUCCEEDED_REASONS:
@@ -260,25 +279,30 @@ class TaskControl:
             return "the instruction is empty"
         if not (math.isfinite(request.timeout_s) and request.timeout_s >= 0.0):
             return f"timeout_s must be finite and >= 0, got {request.timeout_s}"
-        return ""
+        return self._task_problem(text)
 
     def _on_accepted(self, goal: Any) -> None:
-        """A new goal preempts the running episode and starts its own."""
+        """A new goal preempts the running episode, starts its own and is EXECUTING at once."""
+        from rclpy.task import Future
+
         req = goal.request
         text = req.instruction.strip()
+        timeout_s = float(req.timeout_s) or self._config().goal_timeout_s  # 0: the node's default
+        self._ends[bytes(goal.goal_id.uuid)] = Future()
         with self._lock:
             if not self._active:  # deactivated between the goal's check and its acceptance
                 inactive = Episode(0, text, goal, 0, None)
             else:
                 inactive = None
                 old = self._episode
-                self._episode = self._new_episode(text, goal, int(req.max_steps), float(req.timeout_s))
+                self._episode = self._new_episode(text, goal, int(req.max_steps), timeout_s)
+        goal.execute()
         if inactive is not None:
             self._log.warning(f"~/run_task goal {quote(text)} ended at once: the node is not active")
             self._finish(inactive, "deactivated")
             return
-        limits = (f"{req.max_steps} steps" if req.max_steps else "no step limit") + (
-            f", {req.timeout_s:g} s" if req.timeout_s > 0 else "")  # fmt: skip
+        limits = (f"{req.max_steps} steps" if req.max_steps else "no step limit") + f", {timeout_s:g} s" + (
+            "" if req.timeout_s > 0 else " (goal_timeout_s)")  # fmt: skip
         self._log.info(f"~/run_task goal: {quote(text)} ({limits})")
         self._finish(old, "preempted")
 

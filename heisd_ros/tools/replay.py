@@ -95,6 +95,8 @@ class ReplayConfig:
     """With start_node: the bag's first steps, decoded unmeasured before the node starts (0 = none)."""
     step_timeout_s: float = 5.0
     """Lockstep: give up waiting for a step's output after this."""
+    max_silent_steps: int = 10
+    """Lockstep: stop with the node's refusal after this many steps in a row without an answer (0 = never)."""
     connect_timeout_s: float = 10.0
     """How long to wait for the node's subscriptions and publishers to appear."""
     slop_s: float = 0.05
@@ -114,6 +116,8 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if not self.rate > 0:
             raise ConfigError("rate must be > 0")
+        if self.max_silent_steps < 0:
+            raise ConfigError(f"max_silent_steps must be >= 0 (0 = never stop), got {self.max_silent_steps}")
         if self.step_timeout_s <= 0 or self.connect_timeout_s <= 0 or self.settle_s < 0 or self.slop_s < 0:
             raise ConfigError("step_timeout_s and connect_timeout_s must be > 0, settle_s and slop_s >= 0")
         bad = [m for m in self.methods if m not in METHODS]
@@ -229,7 +233,8 @@ def replay(bag: str | Path, cfg: ReplayConfig, decoder_factory: Callable | None 
     runs: list[MethodRun] = []
     try:
         play = PlayConfig(fast=cfg.fast, rate=cfg.rate, restamp=cfg.restamp and not cfg.clock,
-                          step_timeout_s=cfg.step_timeout_s, clock=cfg.clock)  # fmt: skip
+                          step_timeout_s=cfg.step_timeout_s, max_silent_steps=cfg.max_silent_steps,
+                          clock=cfg.clock)  # fmt: skip
         session = _Session(cfg, bag, plan, node_cfg, ctx, node, executor, Player(node, plan, play), recorder,
                            est_steps, say)  # fmt: skip
         for method in cfg.methods or ("",):
@@ -400,6 +405,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="parameter override of the node (repeatable)")  # fmt: skip
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--step-timeout-s", type=float, default=d.step_timeout_s)
+    p.add_argument("--max-silent-steps", type=int, default=d.max_silent_steps,
+                   help="--fast: stop after this many steps in a row without DecodeStats, printing the node's "
+                        "last refusal (0 = never)")  # fmt: skip
     p.add_argument("--connect-timeout-s", type=float, default=d.connect_timeout_s)
     p.add_argument("--slop-s", type=float, default=d.slop_s)
     p.add_argument("--settle-s", type=float, default=d.settle_s)
@@ -418,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                            node_name=args.node_name, namespace=args.namespace, methods=tuple(args.methods),
                            start_node=args.start_node, params_file=args.params_file, params=tuple(args.params),
                            warmup_steps=args.warmup_steps, step_timeout_s=args.step_timeout_s,
+                           max_silent_steps=args.max_silent_steps,
                            connect_timeout_s=args.connect_timeout_s, slop_s=args.slop_s, settle_s=args.settle_s,
                            restamp=not args.keep_stamps, clock=args.clock, plots=args.plots,
                            domain_id=args.domain_id, quiet=args.quiet)  # fmt: skip

@@ -29,6 +29,8 @@ from heisd_ros.models.openvla import load_openvla
 from heisd_ros.models.openvla_random import PRESETS, write_random_checkpoint
 from heisd_ros.sim.synthetic import random_observation
 
+pytestmark = pytest.mark.slow  # end to end: an OpenVLA-shaped checkpoint decoded every way
+
 SEEDS = range(50)
 ACTION_IDS = range(31744, 32000)
 

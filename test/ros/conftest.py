@@ -264,3 +264,19 @@ def node_rig(request):
     r = NodeRig(request.module.DOMAIN_ID)
     yield r
     r.close()
+
+
+@pytest.fixture(scope="module")
+def node_rig_on():
+    """node_rig_on(domain_id) -> a NodeRig on another domain (e.g. a policy_node subprocess's);
+    closed with the module."""
+    pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
+    made = []
+
+    def make(domain_id: int) -> NodeRig:
+        made.append(NodeRig(domain_id))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()

@@ -30,6 +30,8 @@ from heisd_ros.tools.make_recording import (
     make_recording,
 )
 
+pytestmark = pytest.mark.slow  # end to end: bag playback into nodes
+
 msg_mod = pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 
 DOMAIN_ID = 83

@@ -32,6 +32,8 @@ from std_msgs.msg import String
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode, load_decoder
 
+pytestmark = pytest.mark.slow  # end to end: the real tiny policy in policy_node subprocesses
+
 msg_mod = pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 
 DOMAIN_ID = 71

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: an OpenVLA-shaped checkpoint through the node
+
 pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 pytest.importorskip("h5py")
 

@@ -31,6 +31,8 @@ from heisd_ros.core.errors import DatabaseError, DatabaseUnavailableError, Model
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode
 
+pytestmark = pytest.mark.slow  # end to end: the real tiny policy in the node and in subprocesses
+
 msg_mod = pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 
 DOMAIN_ID = 64

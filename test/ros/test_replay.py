@@ -21,6 +21,8 @@ from heisd_ros.ros.node import PolicyNode
 from heisd_ros.tools import replay as rp
 from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
 
+pytestmark = pytest.mark.slow  # end to end: bags replayed into started nodes
+
 pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 
 DOMAIN_ID = 62
@@ -259,3 +261,16 @@ def test_random_bag_files_are_a_clear_error(small_bags, storage, junk, where):
         (_data_file(bag) if where == "data" else bag / "metadata.yaml").write_bytes(junk)
 
     _read_damaged(small_bags[storage], replace)
+
+
+def test_fast_replay_stops_with_the_node_refusal_instead_of_waiting_out_every_step(bag, tmp_path):
+    """The bag's pose is in base_link, the node commands in another frame: every step is refused.
+    The replay stops after max_silent_steps steps with the node's reason, not 12 step timeouts."""
+    from heisd_ros.ros.playback import ReplayStalled
+
+    cfg = _cfg(tmp_path, step_timeout_s=1.0, max_silent_steps=3,
+               params=("control_rate_hz:=50.0", "diagnostics_period_s:=0.2", "command_frame_id:=world"))  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(ReplayStalled, match=r"none of the last 3 steps.*refusals: [^;]*command_frame_id"):
+        rp.replay(bag, cfg, decoder_factory=scripted)
+    assert time.monotonic() - t0 < 8 * cfg.step_timeout_s + 10.0  # warm-up, start, 3 silent steps

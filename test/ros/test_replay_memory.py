@@ -23,6 +23,8 @@ from heisd_ros.ros.playback import rss_mb
 from heisd_ros.tools import replay as rp
 from heisd_ros.tools.make_recording import RecordingConfig, make_recording
 
+pytestmark = pytest.mark.slow  # end to end: a large bag streamed through replay
+
 pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 
 DOMAIN_ID = 84

@@ -21,6 +21,8 @@ from heisd_ros.tools import replay as rp
 from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
 from heisd_ros.tools.make_recording import POSE, RecordingConfig, make_recording
 
+pytestmark = pytest.mark.slow  # end to end: bags replayed into started and running nodes
+
 pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 
 DOMAIN_ID = 82

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: a colcon workspace build
+
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)
 BUILD_TIMEOUT_S = 900

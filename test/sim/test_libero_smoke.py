@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: the LIBERO simulator
+
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is first imported: headless CPU rendering
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 

@@ -10,6 +10,8 @@ import torch
 from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
 from heisd_ros.tools.bench import main
 
+pytestmark = pytest.mark.slow  # end to end: the benchmark over every method
+
 SMALL = dict(n_episodes=2, n_steps=20, vla_steps=40, drafter_steps=30)
 
 

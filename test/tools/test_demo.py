@@ -11,6 +11,8 @@ from heisd_ros.core.errors import ConfigError
 from heisd_ros.tools import cli
 from heisd_ros.tools.demo import DemoConfig
 
+pytestmark = pytest.mark.slow  # end to end: the demo pipeline end to end
+
 pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
 
 DOMAIN_ID = 63

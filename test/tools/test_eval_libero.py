@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: closed-loop LIBERO episodes
+
 os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is first imported: headless CPU rendering
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 

