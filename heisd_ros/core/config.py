@@ -130,9 +130,12 @@ class FusedMetricConfig:
     """Second principal extent / first principal extent below this counts as collinear."""
 
     def __post_init__(self) -> None:
-        require(self.window_steps >= 3, "window_steps must be >= 3")
+        require(3 <= self.window_steps <= 1000, "window_steps must be in [3, 1000]")
         require(0.0 <= self.alpha <= 1.0, "alpha must be in [0, 1]")
         require(math.isfinite(self.tau), "tau must be finite")
+        lengths = ("r_max_m", "r_min_m", "r_p95_m", "d_min_m", "d_p95_m", "stationary_tol_m", "collinear_tol")
+        bad = [f"{n}={getattr(self, n)}" for n in lengths if not math.isfinite(getattr(self, n))]
+        require(not bad, f"fused_metric values must be finite, got {', '.join(bad)}")
         require(self.r_max_m > 0, "r_max_m must be > 0")
         require(self.r_p95_m > self.r_min_m, "r_p95_m must exceed r_min_m")
         require(self.d_p95_m > self.d_min_m, "d_p95_m must exceed d_min_m")
@@ -170,7 +173,8 @@ class VerifySkipConfig:
         require(0.0 <= dlo <= dhi, "max_distance_bounds_m must satisfy 0 <= lo <= hi")
         require(dlo <= self.max_distance_m <= dhi, "max_distance_m outside max_distance_bounds_m")
         require(0 <= self.max_consecutive_skips <= 100, "max_consecutive_skips must be in [0, 100]")
-        require(self.feedback_step >= 0, "feedback_step must be >= 0")
+        require(math.isfinite(self.feedback_step) and self.feedback_step >= 0,
+                f"feedback_step must be finite and >= 0, got {self.feedback_step}")  # fmt: skip
         require(0.0 < self.distance_shrink <= 1.0, "distance_shrink must be in (0, 1]")
 
 
@@ -267,13 +271,16 @@ class StoreConfig:
     def __post_init__(self) -> None:
         require(self.backend in ("edge", "local", "remote"), f"unknown store backend {self.backend!r}")
         require(not self.shard_by_task or self.backend == "remote", "shard_by_task needs backend 'remote'")
-        require(self.exact_search_below >= 0, "exact_search_below must be >= 0")
-        require(self.task_cache_ttl_s >= 0, "task_cache_ttl_s must be >= 0")
+        require(0 <= self.exact_search_below <= 10**9, "exact_search_below must be in [0, 1e9]")
+        require(math.isfinite(self.task_cache_ttl_s) and self.task_cache_ttl_s >= 0,
+                f"task_cache_ttl_s must be finite and >= 0, got {self.task_cache_ttl_s}")  # fmt: skip
         require(self.backend != "remote" or bool(self.url), "backend 'remote' needs a url")
         require(self.backend != "edge" or bool(self.path), "backend 'edge' needs a path")
         require(0 < self.timeout_s <= 3600, "timeout_s must be in (0, 3600]")
         require(0 < self.write_timeout_s <= 3600, "write_timeout_s must be in (0, 3600]")
-        require(self.hnsw_m >= 4 and self.hnsw_ef_construct >= 4, "HNSW parameters too small")
+        require(4 <= self.hnsw_m <= 512 and 4 <= self.hnsw_ef_construct <= 100_000,
+                f"HNSW parameters out of range: hnsw_m {self.hnsw_m} must be in [4, 512], hnsw_ef_construct "
+                f"{self.hnsw_ef_construct} in [4, 100000]")  # fmt: skip
         require(1 <= self.replication_factor <= 16, "replication_factor must be in [1, 16]")
         require(self.replication_factor == 1 or self.backend == "remote", "replication_factor needs backend 'remote'")
         require(0 < self.reconnect_backoff_s <= self.reconnect_max_backoff_s <= 3600,

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
-from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
 
 from heisd_ros.core.errors import HeisdError, ModelLoadError
 from heisd_ros.core.model_api import Decoder
@@ -124,6 +124,20 @@ class ManagedPolicy:
     configure_error: str = ""
     """Why the last configure failed ('' after a successful one)."""
     _configure_exception: BaseException | None = None
+
+    def _LifecycleNodeMixin__change_state(self, transition_id: int) -> TransitionCallbackReturn:  # noqa: N802
+        """A transition the current state does not offer is refused with a warning and the reason;
+        rclpy's own path logs it as an ERROR of the node ("Unable to start transition"), but a
+        wrong request is the caller's mistake, not the node's fault. (Overrides the name-mangled
+        private method of rclpy's LifecycleNodeMixin that both ~/change_state and trigger_* use.)"""
+        state_id, label = self._state_machine.current_state
+        offered = {t[0]: t[1] for t in self._state_machine.available_transitions}
+        if transition_id not in offered:
+            self.get_logger().warning(
+                f"lifecycle request refused: transition {transition_id} is not available from state '{label}' "
+                f"(available: {', '.join(offered.values()) or 'none'})")  # fmt: skip
+            return TransitionCallbackReturn.ERROR
+        return LifecycleNodeMixin._LifecycleNodeMixin__change_state(self, transition_id)
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         n = self.cfg.node

@@ -10,6 +10,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+MAX_LINE_CHARS = 1000
+"""Longest log line or diagnostic message the node writes: a hostile input's text is quoted, never
+copied whole (a 200 kB line per bad frame would flood /rosout and the disk)."""
+
+
+def clip(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(text) - limit + 40} more characters)"
+    return text[: limit - len(tail)] + tail
+
 
 class GuardedLogger:
     """A node's ROS logger (`info`, `warning`, `error`) that drops its lines once `context` is shut
@@ -22,15 +34,15 @@ class GuardedLogger:
     # rclpy pins one severity per call site: one call per method
     def info(self, text: str) -> None:
         if self._context.ok():
-            self._logger.info(text)
+            self._logger.info(clip(text))
 
     def warning(self, text: str) -> None:
         if self._context.ok():
-            self._logger.warning(text)
+            self._logger.warning(clip(text))
 
     def error(self, text: str) -> None:
         if self._context.ok():
-            self._logger.error(text)
+            self._logger.error(clip(text))
 
 
 class RosLogBridge(logging.Handler):
@@ -46,6 +58,6 @@ class RosLogBridge(logging.Handler):
         except (TypeError, ValueError):  # a malformed format string must not break the caller
             text = f"{record.name}: {record.msg!r}"
         if record.levelno >= logging.ERROR:
-            self._logger.error(text)
+            self._logger.error(clip(text))
         else:
-            self._logger.warning(text)
+            self._logger.warning(clip(text))

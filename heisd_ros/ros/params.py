@@ -157,7 +157,7 @@ class NodeConfig:
                  f"max_abs_action values must be finite and > 0, got {list(self.max_abs_action)}")  # fmt: skip
         require(len(self.action_limits) == ACTION_DIM,
                  f"action_limits needs {ACTION_DIM} values, got {len(self.action_limits)}")  # fmt: skip
-        require(all(math.isfinite(v) and lim >= v for v, lim in zip(self.max_abs_action, self.action_limits)),
+        require(all(math.isfinite(lim) and lim >= v for v, lim in zip(self.max_abs_action, self.action_limits)),
                  f"action_limits {list(self.action_limits)} must be finite and >= max_abs_action "
                  f"{list(self.max_abs_action)} in every dimension")  # fmt: skip
         require(math.isfinite(self.watchdog_factor) and 1.0 <= self.watchdog_factor <= 100.0,

@@ -14,6 +14,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from heisd_ros.ros.log_bridge import MAX_LINE_CHARS, clip
+
 OK, WARN, ERROR = 0, 1, 2
 """DiagnosticStatus levels (the message holds them as one byte)."""
 
@@ -82,6 +84,7 @@ class NodeStatus:
         """Log + diagnostic; `rejected` counts it as a step without a command. `throttled=False`
         logs every call, for a caller that paces its reports itself (the watchdog's hang report)."""
         now = time.monotonic()
+        message = clip(message, MAX_LINE_CHARS - 20)  # room for "no command: "
         with self._lock:
             if rejected:
                 self._counts.rejected[kind] += 1
