@@ -647,13 +647,13 @@ def test_launch_file_builds_a_lifecycle_node_with_params_and_remappings(monkeypa
     assert overrides == {"use_sim_time": False}
     _, node = _launch(monkeypatch, autostart="false", model_dir="/ckpt", use_sim_time="true", namespace="arm")
     assert node.kwargs["parameters"][1] == {"use_sim_time": True, "autostart": False, "model_dir": "/ckpt"}
+    assert node.kwargs["namespace"] == "arm"
     # a checkpoint, a drafter and a database start without a parameter file's paths
     _, node = _launch(monkeypatch, model_dir="/ckpt", drafter_dir="/d", db_path="/db", calibration_path="/c.json",
                       method="specvla")  # fmt: skip
     assert node.kwargs["parameters"][1] == {"use_sim_time": False, "model_dir": "/ckpt", "drafter_dir": "/d",
                                             "db_path": "/db", "calibration_path": "/c.json",
                                             "decoder.method": "specvla"}  # fmt: skip
-    assert node.kwargs["namespace"] == "arm"
 
 
 def test_launch_file_compiles():

@@ -92,8 +92,9 @@ def _replay_cfg(tmp_path, small_tiny, **kw):
     return rp.ReplayConfig(**base)
 
 
-def test_real_policy_unknown_task_gives_no_command_and_an_error_diagnostic(small_tiny, tmp_path):
-    """The real decoder raises UnknownTaskError when it retrieves for a task the database lacks."""
+def test_real_policy_unknown_task_gives_no_command_and_a_warning_diagnostic(small_tiny, tmp_path):
+    """The real decoder's database lacks the task: the instruction is refused once (a warning naming
+    the task), no step is decoded or commanded; the replay stops waiting after 3 silent steps."""
     from heisd_ros.tools import replay as rp
     from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
 
@@ -103,10 +104,11 @@ def test_real_policy_unknown_task_gives_no_command_and_an_error_diagnostic(small
     result = rp.replay(bag, cfg)
     row = result["methods"]["retrieval"]
     assert row["commands"] == 0 and row["decoded_steps"] == 0 and row["timeouts"] == 3
-    assert "unknown_task:" in row["rejected"]
+    assert "no_instruction:" in row["rejected"] and "unknown_task:" not in row["rejected"]
     got = _read(Path(cfg.out))
     levels = [(int(s.level), s.message) for _, d in got["/diagnostics"] for s in d.status if s.name.endswith(": policy")]
-    assert any(lvl == 2 and "juggle three oranges" in msg for lvl, msg in levels), levels
+    assert any(lvl == 1 and "unknown task" in msg and "juggle three oranges" in msg for lvl, msg in levels), levels
+    assert not any(lvl == 2 for lvl, _ in levels), levels
 
 
 def test_real_policy_missing_database_fails_start_up_with_reason(small_tiny, tmp_path):
