@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from fake_decoder import FakeDecoder
+from waiting import wait_until
 
 from heisd_ros.core.config import StoreConfig
 from heisd_ros.store.schema import DemoPoint
@@ -239,16 +240,7 @@ class NodeRig:
         return self.wait(lambda: any(abs(conv.stamp_to_s(s.header.stamp) - t_s) < 1e-6 for s in self.stats),
                          timeout_s)  # fmt: skip
 
-    @staticmethod
-    def wait(pred, timeout_s: float) -> bool:
-        import time
-
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if pred():
-                return True
-            time.sleep(0.01)
-        return pred()
+    wait = staticmethod(wait_until)  # the suite's one wait (test/waiting.py)
 
     def policy_logs(self, level: int):
         return [l.msg for l in self.logs if l.name == self.policy.get_name() and l.level >= level]

@@ -23,6 +23,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
+from waiting import wait_until
 
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode
@@ -148,14 +149,7 @@ class Rig:
     def infos(self) -> list[str]:
         return [l.msg for l in self.logs if l.name == self.policy.get_name() and l.level == 20]
 
-    @staticmethod
-    def wait(pred, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if pred():
-                return True
-            time.sleep(0.01)
-        return pred()
+    wait = staticmethod(wait_until)  # the suite's one wait (test/waiting.py)
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,16 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from sensor_msgs.msg import Image
 from std_msgs.msg import String
+from waiting import wait_until
 
 from heisd_ros.ros import conversions as conv
-from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode, load_decoder
+from heisd_ros.ros.node import (
+    EVENT_QOS,
+    LATCHED_QOS,
+    SENSOR_QOS,
+    PolicyNode,
+    load_decoder,
+)
 
 pytestmark = pytest.mark.slow  # end to end: the real tiny policy in policy_node subprocesses
 
@@ -133,12 +140,7 @@ class Rig:
         self.thread.join(2.0)
         self.node.destroy_node()
 
-    @staticmethod
-    def wait(pred, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end and not pred():
-            time.sleep(0.01)
-        return pred()
+    wait = staticmethod(wait_until)  # the suite's one wait (test/waiting.py)
 
 
 @pytest.fixture

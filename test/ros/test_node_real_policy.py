@@ -24,12 +24,17 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 from sensor_msgs.msg import Image
 from std_msgs.msg import String
+from waiting import wait_until
 
-from heisd_ros.store.schema import DemoPoint
 from heisd_ros.core.config import FusedMetricConfig, StoreConfig
-from heisd_ros.core.errors import DatabaseError, DatabaseUnavailableError, ModelLoadError
+from heisd_ros.core.errors import (
+    DatabaseError,
+    DatabaseUnavailableError,
+    ModelLoadError,
+)
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode
+from heisd_ros.store.schema import DemoPoint
 
 pytestmark = pytest.mark.slow  # end to end: the real tiny policy in the node and in subprocesses
 
@@ -195,12 +200,7 @@ class Listener:
         self.thread.join(2.0)
         self.node.destroy_node()
 
-    @staticmethod
-    def wait(pred, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end and not pred():
-            time.sleep(0.02)
-        return pred()
+    wait = staticmethod(wait_until)  # the suite's one wait (test/waiting.py)
 
 
 @pytest.fixture
