@@ -219,7 +219,7 @@ def test_a_burst_of_goals_never_ends_the_node_and_the_last_one_runs(remote):
             if k % 2 and sent[-2].done() and sent[-2].result().accepted:
                 sent[-2].result().cancel_goal_async()
             time.sleep(max(0.0, t0 + 0.01 * (k + 1) - time.monotonic()))
-        assert remote.wait(lambda: all(s.done() for s in sent), 20.0), "goal responses missing"
+        assert remote.wait(lambda: all(s.done() for s in sent), 60.0), f"goal responses missing: {sum(not s.done() for s in sent)} of 200"
         assert proc.poll() is None, "the node died under the burst"
         last = sent[-1].result()
         assert last.accepted
