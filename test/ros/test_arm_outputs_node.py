@@ -2,7 +2,7 @@
 is published, stamped at publication time in command_frame_id, with the content the decoded action
 asks for; a pose in another frame gets no command at all.
 
-The node runs on the shared rig of conftest.py (`node_rig`), as in test_node.py, with a scripted
+The node runs on the shared rig (test/node_rig.py, fixture `node_rig`), as in test_node.py, with a scripted
 decoder that returns one fixed action."""
 
 from __future__ import annotations

@@ -9,32 +9,23 @@ real forward exactly as an out-of-memory attention mask would. The shutdown test
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rclpy
-from diagnostic_msgs.msg import DiagnosticArray
-from geometry_msgs.msg import PoseStamped
-from rcl_interfaces.msg import Log
-from rclpy.executors import SingleThreadedExecutor
+from node_rig import NodeRig
 from rclpy.parameter import Parameter
-from sensor_msgs.msg import Image
 from std_msgs.msg import String
-from waiting import wait_until
 
-from heisd_ros.ros import conversions as conv
 from heisd_ros.ros.node import (
-    EVENT_QOS,
-    LATCHED_QOS,
-    SENSOR_QOS,
     PolicyNode,
     load_decoder,
 )
@@ -90,62 +81,22 @@ def faulty_decoder(cfg):
     return decoder
 
 
-class Rig:
-    """Publishes the node's inputs (64x64 frames, pose, instruction); records commands, diagnostics, logs."""
+_moves = itertools.count(1)
 
-    def __init__(self, ctx) -> None:
-        self.node = rclpy.create_node("fault_rig", context=ctx)
-        self.commands: list[tuple[float, object]] = []  # (monotonic arrival, ArmCommand)
-        self.diags, self.logs = [], []
-        n = self.node
-        n.create_subscription(msg_mod.ArmCommand, "arm_command", lambda m: self.commands.append((time.monotonic(), m)),
-                              EVENT_QOS)  # fmt: skip
-        n.create_subscription(DiagnosticArray, "/diagnostics", self.diags.append, EVENT_QOS)
-        n.create_subscription(Log, "/rosout", self.logs.append, 200)
-        self.pub_img = {v: n.create_publisher(Image, f"{v}/image_raw", SENSOR_QOS) for v in ("agentview", "wrist")}
-        self.pub_pose = n.create_publisher(PoseStamped, "ee_pose", SENSOR_QOS)
-        self.pub_instr = n.create_publisher(String, "instruction", LATCHED_QOS)
-        self.executor = SingleThreadedExecutor(context=ctx)
-        self.executor.add_node(n)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-        self.rng = np.random.default_rng(0)
-        self.k = 0
 
-    def publish_set(self) -> float:
-        t = self.node.get_clock().now().nanoseconds * 1e-9
-        self.k += 1
-        for v, pub in self.pub_img.items():
-            pub.publish(conv.rgb_to_image(self.rng.integers(0, 255, (64, 64, 3), dtype=np.uint8), t, v))
-        self.pub_pose.publish(conv.position_to_pose((0.001 * self.k, 0.2, 0.1), t))
-        return t
+def make_rig(ctx) -> NodeRig:
+    """The suite's rig beside the node: 64x64 frames, a latched instruction, on the module's context."""
+    return NodeRig(ctx=ctx, image_size=(64, 64), latched_instruction=True, name="fault_rig")
 
-    def instruct(self, policy: PolicyNode, text: str) -> None:
-        self.pub_instr.publish(String(data=text))
-        assert self.wait(lambda: policy.instruction == text, 2.0), "instruction not delivered"
 
-    def acted(self, t: float, timeout_s: float) -> bool:
-        return self.wait(lambda: any(abs(conv.stamp_to_s(c.header.stamp) - t) < 1e-6 for _, c in self.commands),
-                         timeout_s)  # fmt: skip
-
-    def policy_status(self, since: int) -> list[tuple[int, str, dict]]:
-        return [(s.level[0], s.message, {kv.key: kv.value for kv in s.values})
-                for d in self.diags[since:] for s in d.status if s.name.endswith(": policy")]  # fmt: skip
-
-    def errors_logged(self, policy: PolicyNode, words: str, since: int = 0) -> list[Log]:
-        return [l for l in self.logs[since:] if l.name == policy.get_name() and l.level >= 40 and words in l.msg]
-
-    def close(self) -> None:
-        self.executor.shutdown(timeout_sec=2.0)
-        self.thread.join(2.0)
-        self.node.destroy_node()
-
-    wait = staticmethod(wait_until)  # the suite's one wait (test/waiting.py)
+def publish(rig: NodeRig) -> float:
+    """One synchronised set, the pose 1 mm further along x than the last one."""
+    return rig.publish_set(pos=(0.001 * next(_moves), 0.2, 0.1))
 
 
 @pytest.fixture
 def rig(ctx):
-    r = Rig(ctx)
+    r = make_rig(ctx)
     yield r
     r.close()
 
@@ -177,18 +128,18 @@ def start(ctx, files, rig):
         node.destroy_node()
 
 
-def _recovers(rig: Rig, policy: PolicyNode) -> None:
+def _recovers(rig: NodeRig, policy: PolicyNode) -> None:
     """Valid input is commanded again within 1 s, and /diagnostics returns to OK."""
-    rig.instruct(policy, TASK)
-    t0, t = time.monotonic(), rig.publish_set()
+    assert rig.instruct(TASK, policy=policy), "instruction not delivered"
+    t0, t = time.monotonic(), publish(rig)
     while not rig.acted(t, 0.1) and time.monotonic() - t0 < 1.0:  # fresh sets at 10 Hz, as a camera would
-        t = rig.publish_set()
-    arrived = [m for m, c in rig.commands if m >= t0]
+        t = publish(rig)
+    arrived = [m for m, c in rig.arrivals if m >= t0]
     assert arrived and arrived[0] - t0 < 1.0, f"no command within 1 s of valid input: {rig.policy_status(0)[-3:]}"
     n_diag = len(rig.diags)
     end = time.monotonic() + 5.0
     while time.monotonic() < end and not any(lvl == 0 for lvl, _, _ in rig.policy_status(n_diag)):
-        rig.publish_set()
+        publish(rig)
         time.sleep(0.1)
     assert any(lvl == 0 for lvl, _, _ in rig.policy_status(n_diag)), rig.policy_status(n_diag)[-3:]
 
@@ -197,13 +148,13 @@ def test_a_step_that_raises_costs_its_command_not_the_node(rig, start):
     """A RuntimeError (out of memory) from inside the language model: no command for that step, an
     ERROR diagnostic naming the cause, one log line per throttle period, the worker alive."""
     policy = start(warn_throttle_s=30.0)
-    rig.instruct(policy, TASK)
-    assert rig.acted(rig.publish_set(), 5.0)
+    assert rig.instruct(TASK, policy=policy), "instruction not delivered"
+    assert rig.acted(publish(rig), 5.0)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
-    rig.instruct(policy, OOM)
+    assert rig.instruct(OOM, policy=policy), "instruction not delivered"
     bad = []
     for _ in range(4):
-        bad.append(rig.publish_set())
+        bad.append(publish(rig))
         time.sleep(0.15)
     assert rig.wait(lambda: any("step_failed:" in v["rejected"] and int(v["rejected"].split("step_failed:")[1].split()[0]) >= 3
                                 for _, _, v in rig.policy_status(n_diag)), 3.0), rig.policy_status(n_diag)  # fmt: skip
@@ -221,11 +172,11 @@ def test_a_dead_inference_thread_is_restarted(rig, start):
     """A BaseException ends the inference thread: the control timer notices, starts a new one and
     says so (log + diagnostics); valid input is commanded again."""
     policy = start(warn_throttle_s=0.0)
-    rig.instruct(policy, TASK)
-    assert rig.acted(rig.publish_set(), 5.0)
+    assert rig.instruct(TASK, policy=policy), "instruction not delivered"
+    assert rig.acted(publish(rig), 5.0)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
-    rig.instruct(policy, KILL)
-    rig.publish_set()
+    assert rig.instruct(KILL, policy=policy), "instruction not delivered"
+    publish(rig)
     assert rig.wait(lambda: rig.errors_logged(policy, "inference thread died", n_log), 3.0)
     line = rig.errors_logged(policy, "inference thread died", n_log)[0].msg
     assert "ThreadKiller: a bug beyond containment" in line and "started a new one" in line
@@ -238,13 +189,13 @@ def test_a_hang_is_reported_again_every_throttle_period(rig, start):
     """An inference stuck for HANG_S: the watchdog's ERROR is logged at once and then every
     warn_throttle_s for as long as it lasts; commands resume after it ends."""
     policy = start(warn_throttle_s=0.5)  # watchdog budget: 3 x 0.1 s
-    rig.instruct(policy, TASK)
-    assert rig.acted(rig.publish_set(), 5.0)
+    assert rig.instruct(TASK, policy=policy), "instruction not delivered"
+    assert rig.acted(publish(rig), 5.0)
     n_cmd, n_log = len(rig.commands), len(rig.logs)
-    rig.instruct(policy, HANG)
-    rig.publish_set()
+    assert rig.instruct(HANG, policy=policy), "instruction not delivered"
+    publish(rig)
     assert rig.wait(lambda: rig.errors_logged(policy, "inference running for", n_log), 2.0)
-    rig.instruct(policy, TASK)  # the hung step still runs with HANG; the next ones will not
+    assert rig.instruct(TASK, policy=policy), "instruction not delivered"  # the hung step still runs with HANG; the next ones will not
     assert rig.wait(lambda: policy._session.worker.running_s() is None, HANG_S + 2.0)
     hang = rig.errors_logged(policy, "inference running for", n_log)
     assert len(hang) >= 3, [l.msg for l in hang]  # at ~0.3, 0.8, 1.3, 1.8, 2.3 s of a 2.5 s hang
@@ -274,7 +225,7 @@ def test_signal_mid_run_exits_0_without_traceback_or_rosout_errors(files, sig):
     exe = _policy_node_exe()
     c = rclpy.Context()
     rclpy.init(context=c, domain_id=DOMAIN_ID + 1)
-    rig = Rig(c)
+    rig = make_rig(c)
     rng = np.random.default_rng(int(sig))
     try:
         rig.pub_instr.publish(String(data=TASK))
@@ -288,17 +239,17 @@ def test_signal_mid_run_exits_0_without_traceback_or_rosout_errors(files, sig):
             try:
                 n0, deadline = len(rig.commands), time.monotonic() + 60.0
                 while len(rig.commands) < n0 + 5 and time.monotonic() < deadline and proc.poll() is None:
-                    rig.publish_set()
+                    publish(rig)
                     time.sleep(1 / 30)
                 assert len(rig.commands) >= n0 + 5, f"run {run}: the node never commanded"
                 signal_at = time.monotonic() + rng.uniform(0.0, 0.5)
                 while time.monotonic() < signal_at:
-                    rig.publish_set()
+                    publish(rig)
                     time.sleep(1 / 30)
                 proc.send_signal(sig)
                 sent = time.monotonic()
                 while proc.poll() is None and time.monotonic() - sent < 1.0:  # inputs keep coming meanwhile
-                    rig.publish_set()
+                    publish(rig)
                     time.sleep(1 / 30)
                 out, err = proc.communicate(timeout=20)
             finally:

@@ -10,21 +10,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import rclpy
-from diagnostic_msgs.msg import DiagnosticArray
-from geometry_msgs.msg import PoseStamped
-from rcl_interfaces.msg import Log
-from rclpy.executors import SingleThreadedExecutor
+from node_rig import NodeRig
 from rclpy.parameter import Parameter
-from sensor_msgs.msg import Image
 from std_msgs.msg import String
-from waiting import wait_until
 
 from heisd_ros.core.config import FusedMetricConfig, StoreConfig
 from heisd_ros.core.errors import (
@@ -33,7 +26,7 @@ from heisd_ros.core.errors import (
     ModelLoadError,
 )
 from heisd_ros.ros import conversions as conv
-from heisd_ros.ros.node import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, PolicyNode
+from heisd_ros.ros.node import SENSOR_QOS, PolicyNode
 from heisd_ros.store.schema import DemoPoint
 
 pytestmark = pytest.mark.slow  # end to end: the real tiny policy in the node and in subprocesses
@@ -168,44 +161,15 @@ def test_policy_node_exits_1_with_the_reason(files, tmp_path, case):
     assert f"cannot start: {error.__name__}" in out and words in out and "Traceback" not in out
 
 
-class Listener:
-    """Records /rosout, commands, stats and diagnostics; publishes the node's inputs."""
-
-    def __init__(self, ctx) -> None:
-        self.node = rclpy.create_node("listener", context=ctx)
-        self.logs, self.commands, self.stats, self.diags = [], [], [], []
-        n = self.node
-        n.create_subscription(Log, "/rosout", self.logs.append, 200)
-        n.create_subscription(msg_mod.ArmCommand, "arm_command", self.commands.append, EVENT_QOS)
-        n.create_subscription(msg_mod.DecodeStats, "decode_stats", self.stats.append, EVENT_QOS)
-        n.create_subscription(DiagnosticArray, "/diagnostics", self.diags.append, EVENT_QOS)
-        self.pub_img = {v: n.create_publisher(Image, f"{v}/image_raw", SENSOR_QOS) for v in ("agentview", "wrist")}
-        self.pub_pose = n.create_publisher(PoseStamped, "ee_pose", SENSOR_QOS)
-        self.pub_instr = n.create_publisher(String, "instruction", LATCHED_QOS)
-        self.executor = SingleThreadedExecutor(context=ctx)
-        self.executor.add_node(n)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.thread.start()
-        self.rng = np.random.default_rng(0)
-
-    def publish_set(self, k: int) -> float:
-        t = self.node.get_clock().now().nanoseconds * 1e-9
-        for v, pub in self.pub_img.items():
-            pub.publish(conv.rgb_to_image(self.rng.integers(0, 255, (64, 64, 3), dtype=np.uint8), t, v))
-        self.pub_pose.publish(conv.position_to_pose((0.01 * k, 0.02 * k * k * 0.1, 0.1), t))
-        return t
-
-    def close(self) -> None:
-        self.executor.shutdown(timeout_sec=2.0)
-        self.thread.join(2.0)
-        self.node.destroy_node()
-
-    wait = staticmethod(wait_until)  # the suite's one wait (test/waiting.py)
+def publish_step(listener: NodeRig, k: int) -> float:
+    """Step k of a curved path (the kinematic boundary sees motion): one synchronised set."""
+    return listener.publish_set(pos=(0.01 * k, 0.002 * k * k, 0.1))
 
 
 @pytest.fixture
 def listener(ctx):
-    lst = Listener(ctx)
+    """The suite's rig beside the node: 64x64 frames, a latched instruction, on the module's context."""
+    lst = NodeRig(ctx=ctx, image_size=(64, 64), latched_instruction=True, name="listener")
     yield lst
     lst.close()
 
@@ -253,7 +217,7 @@ def test_database_outage_mid_run_keeps_commanding_in_drafter_mode_and_recovers(c
             for _ in range(n_steps):
                 k += 1
                 n0 = len(listener.stats)
-                listener.publish_set(k)
+                publish_step(listener, k)
                 assert listener.wait(lambda n0=n0: len(listener.stats) > n0, 5.0), f"no step {k}"
                 got.append(listener.stats[-1])
                 time.sleep(0.12)
@@ -309,14 +273,14 @@ def test_a_model_that_reads_the_finger_gap_commands_only_with_fresh_joint_states
         assert node._session.reads_gap
         listener.pub_instr.publish(String(data=TASK))
         for k in range(6):  # the arm's joints only: still no finger gap
-            t = listener.publish_set(k)
+            t = publish_step(listener, k)
             pub_joints.publish(joints(t, [f"panda_joint{i}" for i in range(1, 8)]))
             time.sleep(0.12)
         assert not listener.commands
         assert listener.wait(lambda: any("finger gap" in l.msg and "joint_states" in l.msg and l.level == 30
                                          for l in listener.logs), 3.0), [l.msg for l in listener.logs]  # fmt: skip
         for k in range(6, 12):
-            t = listener.publish_set(k)
+            t = publish_step(listener, k)
             pub_joints.publish(joints(t, ["panda_finger_joint1", "panda_finger_joint2"]))
             time.sleep(0.12)
         assert listener.wait(lambda: len(listener.commands) >= 2, 5.0)
