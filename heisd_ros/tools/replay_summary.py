@@ -49,7 +49,7 @@ def summarise(run, bag_steps: int) -> dict:
         "forwards_per_step": sum(s.llm_forwards for s in stats) / n if n else float("nan"),
         **accept_figures([s.llm_forwards for s in stats], [bool(s.skipped) for s in stats]),
         "dropped_ticks": int(diag.get("dropped_ticks", 0) or 0),
-        "rejected": diag.get("rejected", ""),
+        "rejected": "" if diag.get("rejected", "-") == "-" else diag["rejected"],  # "-": the node rejected none
         "wall_s": run.wall_s,
         "rss_mb": {k: round(v, 1) for k, v in rss.items()},
     }
