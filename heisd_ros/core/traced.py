@@ -70,7 +70,9 @@ class ShapeTracedModule:
             try:
                 self._digest = self._digest or weights_digest(self.module)
                 shared = (self._digest, *key)
-                fn = _SHARED_TRACES.get(shared) or torch.jit.freeze(torch.jit.trace(self.module, sample))
+                fn = _SHARED_TRACES.get(shared)
+                if fn is None:
+                    fn = torch.jit.freeze(torch.jit.trace(self.module, sample))
                 diff = float((fn(sample).float() - self.module(sample).float()).abs().max())
             except Exception as err:  # noqa: BLE001 - any tracer failure means: stay eager
                 return self._give_up(f"{type(err).__name__}: {err}")

@@ -1,6 +1,6 @@
 """ROS 2 side of heisd_ros: the policy node and its helpers.
 
-The node (`node.PolicyNode`, entry point `node.main`) and what it is made of:
+The node (`node.PolicyNode`, entry point `node.main`, whose process loop is `node_main`) and what it is made of:
 - `params`: node parameters generated from the configuration dataclasses; `param_file` writes them
   out as a documented ROS 2 parameter file; `topics`: the fixed topic names users remap;
 - `sync`: approximate-time synchronisation of the camera views and the pose;

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
@@ -119,18 +119,22 @@ def warm_up(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
 
 class ManagedPolicy:
     """The transitions of PolicyNode (a mixin before rclpy's LifecycleNode): they call the node's
-    `_open_session` / `_close_session` (its `Session`, configure's resources) and its TaskControl `_task`."""
+    `_open_session` / `_close_session` (its `Session`, configure's resources) and its TaskControl `_task`;
+    and the two ends of the process: autostart (`start`, or `_autostart` from the executor) and the
+    shutdown that finishes the goals (`finish_goals`)."""
 
     configure_error: str = ""
     """Why the last configure failed ('' after a successful one)."""
     _configure_exception: BaseException | None = None
+    startup_error: BaseException | None = None
+    """Why an autostart run from the executor failed (the process exits 1 with it); None otherwise."""
 
     def _LifecycleNodeMixin__change_state(self, transition_id: int) -> TransitionCallbackReturn:  # noqa: N802
         """A transition the current state does not offer is refused with a warning and the reason;
         rclpy's own path logs it as an ERROR of the node ("Unable to start transition"), but a
         wrong request is the caller's mistake, not the node's fault. (Overrides the name-mangled
         private method of rclpy's LifecycleNodeMixin that both ~/change_state and trigger_* use.)"""
-        state_id, label = self._state_machine.current_state
+        _, label = self._state_machine.current_state
         offered = {t[0]: t[1] for t in self._state_machine.available_transitions}
         if transition_id not in offered:
             self.get_logger().warning(
@@ -212,6 +216,41 @@ class ManagedPolicy:
             raise HeisdError(f"configure failed: {self.configure_error or 'see the log'}") from err
         if self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
             raise HeisdError("activate failed; see the log")
+
+    def _autostart(self) -> None:
+        """Configure and activate from the executor, once; a failure is kept in `startup_error`."""
+        timer, self._autostart_timer = self._autostart_timer, None
+        if timer is None:
+            return
+        self.destroy_timer(timer)
+        self._autostarting.set()
+        try:
+            self.start()
+        except HeisdError as err:
+            self.startup_error = err
+        finally:
+            self._autostarting.clear()
+
+    def wait_for_startup(self, timeout_s: float) -> None:
+        """Let an autostart in progress on an executor thread finish before the node is torn down
+        (a signal while the model loads); at most `timeout_s`."""
+        end = time.monotonic() + timeout_s
+        while self._autostarting.is_set() and time.monotonic() < end:
+            time.sleep(0.05)
+
+    def finish_goals(self, spin_once: Callable[[float], None], reason: str = "shutdown", timeout_s: float = 1.0) -> bool:
+        """Shutdown's first part: no new step (inputs and control timer gone), the running episode
+        ended (its goal ABORTED with `reason`), then `spin_once(timeout)` until every goal's result
+        is out, at most `timeout_s`. Returns whether none was left open."""
+        if self._session is not None:
+            self._session.stop_inputs()
+        self._task.deactivate(reason)
+        end = time.monotonic() + timeout_s
+        while self._task.open_goals and time.monotonic() < end:
+            spin_once(0.01)
+        for _ in range(10):  # a result's response to a waiting client is a done callback: a few turns more
+            spin_once(0.005)
+        return self._task.open_goals == 0
 
 
 def close_decoder(decoder: Decoder, logger: Any) -> None:

@@ -30,29 +30,24 @@ from __future__ import annotations
 
 import functools
 import logging
-import signal
 import sys
 import threading
-import time
 from typing import Any, Callable
 
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleNodeMixin
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
 from std_srvs.srv import SetBool
 
 from heisd_ros.core.config import DecoderConfig
-from heisd_ros.core.errors import HeisdError, InvalidObservationError
+from heisd_ros.core.errors import InvalidObservationError
 from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.ros import conversions as conv
@@ -62,6 +57,7 @@ from heisd_ros.ros.effective import EFFECTIVE_PREFIX, show_effective
 from heisd_ros.ros.input_limits import check_instruction
 from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
 from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
+from heisd_ros.ros.node_main import run
 from heisd_ros.ros.outputs import CommandOutputs
 from heisd_ros.ros.params import (
     PolicyNodeConfig,
@@ -71,13 +67,11 @@ from heisd_ros.ros.params import (
 )
 from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos
 from heisd_ros.ros.session import Session
-from heisd_ros.ros.standalone_args import ros_args
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
 from heisd_ros.ros.step import Job, StepRunner
 from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
 from heisd_ros.ros.task_control import TaskControl
-from heisd_ros.ros.transport import fastdds_reader_memory
-from heisd_ros.ros.worker import InferenceWorker, describe
+from heisd_ros.ros.worker import InferenceWorker
 
 __all__ = ["EVENT_QOS", "LATCHED_QOS", "SENSOR_QOS", "PolicyNode", "load_decoder", "main"]
 
@@ -103,8 +97,6 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         # so a multi-threaded executor answers get_state while configure runs in a timer callback.
         Node.__init__(self, node_name, **node_kwargs)
         LifecycleNodeMixin.__init__(self, callback_group=MutuallyExclusiveCallbackGroup())
-        self.startup_error: BaseException | None = None
-        """Why an autostart run from the executor failed (main exits 1 with it); None otherwise."""
         self._autostart_timer = None
         self._autostarting = threading.Event()  # set while configure runs from the executor
         self._session: Session | None = None
@@ -136,49 +128,12 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             if not started:
                 self.destroy_node()
         n = self.cfg.node
-        if not n.autostart:
-            state = "unconfigured (autostart false): waiting for configure"
-        else:
-            state = "configuring from the executor" if self._autostart_timer is not None else self._task.commanding
+        state = ("unconfigured (autostart false): waiting for configure" if not n.autostart else
+                 "configuring from the executor" if self._autostart_timer is not None else self._task.commanding)
         self.get_logger().info(
             f"policy node ready: method={self.cfg.decoder.method} views={list(self.cfg.decoder.views)} "
             f"rate={n.control_rate_hz} Hz model={n.model_dir!r} " + state
         )
-
-    def _autostart(self) -> None:
-        """Configure and activate from the executor, once; a failure is kept in `startup_error`."""
-        timer, self._autostart_timer = self._autostart_timer, None
-        if timer is None:
-            return
-        self.destroy_timer(timer)
-        self._autostarting.set()
-        try:
-            self.start()
-        except HeisdError as err:
-            self.startup_error = err
-        finally:
-            self._autostarting.clear()
-
-    def wait_for_startup(self, timeout_s: float) -> None:
-        """Let an autostart in progress on an executor thread finish before the node is torn down
-        (a signal while the model loads); at most `timeout_s`."""
-        end = time.monotonic() + timeout_s
-        while self._autostarting.is_set() and time.monotonic() < end:
-            time.sleep(0.05)
-
-    def finish_goals(self, spin_once: Callable[[float], None], reason: str = "shutdown", timeout_s: float = 1.0) -> bool:
-        """Shutdown's first part: no new step (inputs and control timer gone), the running episode
-        ended (its goal ABORTED with `reason`), then `spin_once(timeout)` until every goal's result
-        is out, at most `timeout_s`. Returns whether none was left open."""
-        if self._session is not None:
-            self._session.stop_inputs()
-        self._task.deactivate(reason)
-        end = time.monotonic() + timeout_s
-        while self._task.open_goals and time.monotonic() < end:
-            spin_once(0.01)
-        for _ in range(10):  # a result's response to a waiting client is a done callback: a few turns more
-            spin_once(0.005)
-        return self._task.open_goals == 0
 
     # ------------------------------------------------------------------ configure's resources
     def _open_session(self, decoder: Decoder) -> None:
@@ -452,68 +407,10 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         session.diagnostics_pub.publish(msg)
 
 
-def _on_stop_signals(handler: Callable[[int, Any], None]) -> None:
-    if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, handler)
-
-
-def _spin_once(executor: Any, node: PolicyNode, timeout_s: float) -> None:
-    """One executor turn; a callback's exception is logged and the node goes on. rclpy re-raises a
-    callback's exception out of spin_once, and its action server's own callbacks can fail under a
-    burst of goals (a status publication refused): one bad request must not end the node."""
-    try:
-        executor.spin_once(timeout_sec=timeout_s)
-    except (ExternalShutdownException, KeyboardInterrupt):
-        raise
-    except Exception as err:  # noqa: BLE001 - see the docstring
-        node.get_logger().warning(f"a callback failed and was skipped: {describe(err)}",
-                                  throttle_duration_sec=2.0)  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run the policy node until SIGINT/SIGTERM (exit 0); exit 1 with the reason when it cannot start.
-
-    rclpy's own signal handlers are off: they shut the context down at once, under the step in
-    flight and the log lines still to come. Here a signal only ends the spin loop; the node then
-    stops its inputs, aborts a running goal and spins until its result is out (`finish_goals`),
-    stops its worker, is destroyed, and only then is the context shut down. With autostart the node
-    configures from the executor, whose second thread keeps the lifecycle services answering
-    ("configuring") while the model loads."""
-    argv = list(sys.argv if argv is None else ["policy_node", *argv])
-    fastdds_reader_memory()  # received frames must not pin memory (heisd_ros/ros/transport.py)
-    rclpy.init(args=ros_args(argv), signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
-    _on_stop_signals(lambda signum, frame: stop.set())
-    log = rclpy.logging.get_logger("policy_node")
-    try:
-        node = PolicyNode(autostart_on_executor=True)
-    except HeisdError as err:
-        log.fatal(f"cannot start: {type(err).__name__}: {err}")
-        rclpy.try_shutdown()
-        return 1
-    executor = MultiThreadedExecutor(num_threads=2)
-    executor.add_node(node)
-    code = 0
-    try:
-        while not stop.is_set() and rclpy.ok():
-            _spin_once(executor, node, 0.1)  # the signal handler runs between two waits
-            if node.startup_error is not None:
-                err = node.startup_error
-                log.fatal(f"cannot start: {type(err).__name__}: {err}")
-                code = 1
-                break
-    except ExternalShutdownException:
-        pass
-    finally:
-        node.get_logger().info("shutting down")
-        node.wait_for_startup(60.0)
-        node.finish_goals(lambda timeout_s: _spin_once(executor, node, timeout_s))
-        node.close()
-        executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return code
+    """The `policy_node` process (heisd_ros.ros.node_main.run): exit 0 on SIGINT/SIGTERM, 1 with the
+    reason when the node cannot start."""
+    return run(lambda: PolicyNode(autostart_on_executor=True), argv)
 
 
 if __name__ == "__main__":
