@@ -17,17 +17,7 @@ START=models/mini_libero/vla
 [ "$R" -gt 1 ] && START=$A/vla_r$((R - 1))
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
 
-screen() {  # $1 model, $2 report stem: ar on 10 tasks x init 30-33, two shards, one report
-    for part in a:0-4 b:5-9; do
-        $H eval-libero --model "$1" --drafter '' --db '' --calibration '' --purpose calibration \
-            --tasks "${part#*:}" --init-states 30-33 --methods ar --no-shadow-ar --max-steps 280 --seed 0 \
-            --threads 1 --no-progress --plots '' --out "$2_${part%%:*}.json" > "$2_${part%%:*}.out" 2>&1 &
-    done
-    wait
-    (head -n 1 "$2_a.jsonl"; tail -q -n +2 "$2_a.jsonl" "$2_b.jsonl") > "$2.jsonl"
-    $H eval-libero --report-from "$2.jsonl" --purpose calibration --tasks 0-9 --init-states 30-33 \
-        --methods ar --out "$2.json" --plots ''
-}
+screen() { bash scripts/mini_screen.sh "$@"; }  # ar, 10 tasks x init 30-33
 
 mkdir -p $A
 if stage screen0 && [ "$R" = 1 ]; then

@@ -1,30 +1,50 @@
 #!/bin/bash
-# Rebuild the LIBERO-Object mini policy (docs/mini_vla.md) from the deadbanded-expert demos
-# (docs/libero.md, "Second data set"): demos -> mini VLA -> drafter + database -> calibration.
-# Run from the repository root after `make setup`. About 45 min on 2 cores. STEPS=3000 by default;
-# PUBLISH=1 also replaces the committed models/mini_libero.
+# Rebuild the LIBERO-Object mini policy (docs/mini_vla.md): expert demos -> mini VLA -> state prior
+# -> screen, then drafter + database -> calibration. Run from the repository root after `make setup`.
+# About 2 h on 2 cores. Every stage is resumable or cached: rerun the same command after an
+# interruption. STAGE=demos|vla|prior|screen|drafter|calibrate runs one stage (default: all).
+# OUT=artifacts by default; STEPS=3000 VLA steps; PUBLISH=1 also replaces the committed models/mini_libero.
 set -euo pipefail
-H=.venv/bin/heisd
+H=".venv/bin/python -m heisd_ros.tools.cli"
+O=${OUT:-artifacts}
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl}
-# 1. demos: two simulator processes on disjoint tasks (resumable; a finished run is skipped)
-OMP_NUM_THREADS=1 nice $H gen-demos --suite libero_object --tasks 0-4 --init-states 0-19 --out artifacts/demos_db/a --no-bags &
-OMP_NUM_THREADS=1 nice $H gen-demos --suite libero_object --tasks 5-9 --init-states 0-19 --out artifacts/demos_db/b --no-bags &
-wait
-D=artifacts/demos_db/libero_object
-mkdir -p $D
-for f in artifacts/demos_db/{a,b}/libero_object/*.hdf5; do ln -sfn ../${f#artifacts/demos_db/} $D/$(basename "$f"); done
-# 2. mini VLA (2 torch threads), 3. drafter and database side by side, 4. calibration
-$H train-vla --demos $D --out artifacts/mini_vla --image-size 128 --steps "${STEPS:-3000}" --seed 0 --tasks 0-9 --threads 2 --eval-every 1000
-$H train-drafter --model artifacts/mini_vla --demos $D --out artifacts/mini_drafter --steps 600 --seed 0 --tasks 0-9 --threads 1 &
-$H build-db --model artifacts/mini_vla --demos $D --out artifacts/mini_db --tasks 0-9 --fresh --threads 1
-wait
-$H calibrate --model artifacts/mini_vla --db artifacts/mini_db --demos $D --tasks 0-9 --threads 2 \
-    --out artifacts/mini_calibration.json --plots artifacts/mini_calibration_plots
-# 5. the compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed;
-#    docs/mini_vla.md, "The demo on a fresh clone"), only with PUBLISH=1: a rebuild is not bit-identical
-#    (training is not deterministic across machines), so it would silently replace the shipped policy. Commit a new copy
-#    only for a policy worth shipping: each adds about 35 MB to the git history.
+stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
+D=$O/demos_db/libero_object
+if stage demos; then  # two simulator processes on disjoint tasks, 20 demos per task at init 0-19
+    for part in a:0-4 b:5-9; do
+        OMP_NUM_THREADS=1 nice $H gen-demos --suite libero_object --tasks "${part#*:}" --init-states 0-19 \
+            --out $O/demos_db/"${part%%:*}" --no-bags > $O/gen_demos_"${part%%:*}".out 2>&1 &
+    done
+    wait
+    mkdir -p $D
+    for f in $O/demos_db/{a,b}/libero_object/*.hdf5; do ln -sfn ../${f#"$O"/demos_db/} $D/"$(basename "$f")"; done
+fi
+if stage vla; then  # projector + LLM on cached backbone features (2 torch threads)
+    [ -f $O/mini_vla/model.safetensors ] || \
+        $H train-vla --demos $D --out $O/mini_vla --image-size 128 --steps "${STEPS:-3000}" --seed 0 --tasks 0-9 \
+            --threads 2 --eval-every 1000 --no-progress
+fi
+if stage prior; then  # the per-task state prior: a copy of the VLA directory that carries it
+    [ -f $O/mini_vla_prior/state_prior.safetensors ] || \
+        $H train-prior --model $O/mini_vla --demos $D --out $O/mini_vla_prior --tasks 0-9 --steps 10000 --seed 0 \
+            --threads 2 --no-progress
+fi
+if stage screen; then  # ar, 10 tasks x init 30-33: $O/screen.{json,md}
+    bash scripts/mini_screen.sh $O/mini_vla_prior $O/screen
+fi
+if stage drafter; then  # drafter and a one-view database side by side
+    $H train-drafter --model $O/mini_vla --demos $D --out $O/mini_drafter --steps 600 --seed 0 --tasks 0-9 --threads 1 &
+    $H build-db --model $O/mini_vla --demos $D --out $O/mini_db_1v --tasks 0-9 --fresh --threads 1 --query-views 1
+    wait
+fi
+if stage calibrate; then
+    $H calibrate --model $O/mini_vla_prior --db $O/mini_db_1v --demos $D --tasks 0-9 --threads 2 \
+        --out $O/mini_calibration.json --plots $O/mini_calibration_plots
+fi
+# The compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed), only with
+# PUBLISH=1: a rebuild is not bit-identical (training is not deterministic across machines), so it
+# would silently replace the shipped policy. Each published copy adds about 45 MB to the git history.
 if [ "${PUBLISH:-0}" = 1 ]; then
-    $H publish-mini --model artifacts/mini_vla --drafter artifacts/mini_drafter \
-        --calibration artifacts/mini_calibration.json --out models/mini_libero
+    $H publish-mini --model $O/mini_vla_prior --drafter $O/mini_drafter \
+        --calibration $O/mini_calibration.json --out models/mini_libero
 fi

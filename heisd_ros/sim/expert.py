@@ -78,6 +78,16 @@ class ExpertConfig:
     max_finger_gap_m: float = 0.07
     """Boxes narrower than this across their short side are yawed so the fingers close across it."""
     close_steps: int = 12
+    """Longest grasp: the hand lifts after this many closing steps even if the fingers still move."""
+    settle_gap_m: float = 0.0025
+    """Closing ends at the first step (after `min_close_steps`) whose finger gap changed less than
+    this: the fingers are stopping on the object (Panda's close ~8 mm a step, then 2 mm, then
+    < 0.5 mm). A fixed dwell past that point is waiting a policy cannot see (hand, fingers and
+    images no longer change), so a policy that copies it stalls with the object in a closed hand;
+    ending a step early keeps the last wait 2 mm of gap away from the first lift. 0 keeps the
+    fixed `close_steps` dwell."""
+    min_close_steps: int = 3
+    """Closing steps before the gap counts as settled (the fingers start moving a step late)."""
     release_steps: int = 10
     retreat_m: float = 0.08
     phase_timeout_steps: int = 80
@@ -128,6 +138,8 @@ class ExpertConfig:
             raise ConfigError("need tilt_deadband_rad >= 0 and 0 <= yaw_deadband_rad < yaw_tol_rad")
         if min(self.close_steps, self.release_steps, self.phase_timeout_steps, self.stall_window_steps) < 1:
             raise ConfigError("step counts must be >= 1")
+        if self.settle_gap_m < 0 or not 1 <= self.min_close_steps <= self.close_steps:
+            raise ConfigError("need settle_gap_m >= 0 and 1 <= min_close_steps <= close_steps")
         if self.noise_std < 0 or (self.rot_noise_std or 0) < 0 or self.waypoint_jitter_m < 0 or self.max_regrasps < 0:
             raise ConfigError("noise_std, rot_noise_std, waypoint_jitter_m and max_regrasps must be >= 0")
         if self.contact_noise_std is not None and self.contact_noise_std < 0:
@@ -261,6 +273,7 @@ class WaypointExpert:
         self.phase = phase
         self._steps_in_phase = 0
         self._trail: list[np.ndarray] = []
+        self._last_gap: float | None = None
 
     def act(self, obs: SimObservation) -> np.ndarray:
         """[7] action for the current observation (advances the phase when a waypoint is reached)."""
@@ -375,9 +388,16 @@ class WaypointExpert:
                 self._enter(Phase.CLOSE)
             return grasp, GRIPPER_OPEN, cfg.slow_pos_action
         if phase == Phase.CLOSE:
-            if self._steps_in_phase >= cfg.close_steps:
+            gap = float(abs(obs.gripper_qpos[0] - obs.gripper_qpos[1]))
+            settled = (
+                cfg.settle_gap_m > 0 and self._last_gap is not None
+                and self._steps_in_phase >= cfg.min_close_steps and abs(gap - self._last_gap) < cfg.settle_gap_m
+            )
+            self._last_gap = gap
+            if settled or self._steps_in_phase >= cfg.close_steps:
                 self._ee_minus_bottom = float(ee[2] - obj.bottom_z)
                 self._enter(Phase.LIFT)
+                return self._waypoint(obs, obj, target)  # this state's label is the lift, not a wait
             return ee.copy(), GRIPPER_CLOSE, cfg.slow_pos_action
         if phase == Phase.LIFT:
             carry_z = self._carry_z(target)

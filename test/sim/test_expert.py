@@ -314,3 +314,50 @@ def test_contact_noise_scales_the_pushes_near_the_object() -> None:
     assert _executed_noise(ExpertConfig(noise_std=0.4, noise_corr=0.9), Phase.DESCEND).std() > 0.25
     with pytest.raises(ConfigError):
         ExpertConfig(contact_noise_std=-0.1)
+
+
+class ClosingFingersScene(PointMassScene):
+    """The fingers close over several steps, as Panda's do (0.08 m open -> 0.04 m on the box)."""
+
+    GAPS = [0.08, 0.079, 0.074, 0.066, 0.055, 0.045, 0.0402, 0.0401]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.closing_steps = 0
+
+    def observe(self) -> SimObservation:
+        obs = super().observe()
+        if self.closed:
+            gap = self.GAPS[min(self.closing_steps, len(self.GAPS) - 1)]
+            obs = SimObservation(**{**obs.__dict__, "gripper_qpos": np.array([gap / 2, -gap / 2])})
+        return obs
+
+    def step(self, action: np.ndarray) -> None:
+        super().step(action)
+        self.closing_steps = self.closing_steps + 1 if self.closed else 0
+
+
+@pytest.mark.parametrize("settle_gap_m", [0.0005, 0.0])
+def test_closing_ends_when_the_fingers_stop(settle_gap_m: float) -> None:
+    scene = ClosingFingersScene(box([0.1, -0.2, 0.01], [0.04, 0.02, 0.01]), box([0.0, 0.25, 0.07], [0.08, 0.08, 0.07]))
+    expert = WaypointExpert(ExpertConfig(settle_gap_m=settle_gap_m))
+    expert.reset(Goal("in", "cream_cheese_1", "basket_1_region"), seed=3)
+    labels = []  # (finger gap seen, z action) from the first closing step to the first lift
+    for _ in range(200):
+        obs = scene.observe()
+        was_closing = expert.phase == Phase.CLOSE
+        action = expert.act(obs)
+        if was_closing or expert.phase == Phase.CLOSE:
+            labels.append((float(obs.gripper_qpos[0] - obs.gripper_qpos[1]), float(action[2])))
+            if action[2] > 0.5:
+                break
+        scene.step(action)
+    waits = [gap for gap, z in labels if abs(z) < 1e-9]
+    lift_gap = labels[-1][0]
+    assert labels[-1][1] > 0.5, "the grasp ends in a lift"
+    if settle_gap_m:
+        # every wait was at a gap still changing; the first settled gap (0.0401 after 0.0402) is labelled lift
+        assert lift_gap == pytest.approx(0.0401) and all(gap > 0.0401 + 1e-6 for gap in waits)
+        assert len(waits) == len(ClosingFingersScene.GAPS) - 1
+    else:  # the fixed dwell: waits at the settled gap a policy cannot tell from the lift's
+        assert len(waits) >= ExpertConfig().close_steps - 1 and waits.count(lift_gap) >= 4
