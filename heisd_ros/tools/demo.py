@@ -8,9 +8,9 @@ Usage:
 
 What it does, printing progress as it goes:
 1. the policy: `--model auto` (the default) takes the mini LIBERO artifacts of the training pipeline
-   (artifacts/mini_vla, mini_drafter, mini_db, mini_calibration.json) when all four exist; else the
-   committed compact copy of that policy (models/mini_libero, `heisd publish-mini`), with a
-   database of the demo task that it builds once (`heisd gen-demos` of 10 expert episodes, then
+   (artifacts/mini_vla_prior, mini_drafter, mini_db_1v, mini_calibration.json; scripts/mini_pipeline.sh)
+   when all four exist; else the committed compact copy of that policy (models/mini_libero,
+   `heisd publish-mini`), with a database of the demo task that it builds once (`heisd gen-demos` of 10 expert episodes, then
    `heisd build-db`: about 4 minutes, cached under artifacts/mini_libero_db); with neither, the
    tiny policy, trained once with its drafter, database and calibration (artifacts/tiny, 2-3 min);
 2. the input bag: for the mini policy (`--scene libero`), one episode of the scripted expert in
@@ -100,8 +100,8 @@ class DemoConfig:
             raise ConfigError("libero_init_state must be an evaluation init state (40-49)")
 
 
-MINI_ARTIFACTS = {"model_dir": "artifacts/mini_vla", "drafter_dir": "artifacts/mini_drafter",
-                  "db_path": "artifacts/mini_db", "calibration_path": "artifacts/mini_calibration.json"}
+MINI_ARTIFACTS = {"model_dir": "artifacts/mini_vla_prior", "drafter_dir": "artifacts/mini_drafter",
+                  "db_path": "artifacts/mini_db_1v", "calibration_path": "artifacts/mini_calibration.json"}
 """Where the training pipeline (train-vla, train-drafter, build-db, calibrate) writes the mini policy."""
 DEMO_BAGS = Path("artifacts/demo_bags")
 
