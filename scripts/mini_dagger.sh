@@ -3,17 +3,19 @@
 # 0-19 with the expert labelling every visited state, aggregate the labels with the demonstrations,
 # fine-tune the VLA and refit the state prior on them, then screen the result (ar, 10 tasks x init
 # states 30-33: 40 episodes; never the evaluation's 40-49 or the operating point's 20-29).
-#   ROUND=1 bash scripts/mini_dagger.sh           round 1 starts from models/mini_libero/vla, round N
-#                                                 from artifacts/dagger/vla_r<N-1>
+#   ROUND=1 bash scripts/mini_dagger.sh           round 1 starts from START (models/mini_libero/vla),
+#                                                 round N from $A/vla_r<N-1>
+#   A=artifacts/dagger  DEMOS=artifacts/demos_db   where rounds write, where the demonstrations are
 #   STAGE=screen0|rollout|train|screen ROUND=N    one stage (default: all of round N, in order)
 # Every stage is resumable: rerun the same command after an interruption. Needs the demonstrations
-# of scripts/libero_object_eval.sh's db stage (artifacts/demos_db/{a,b}).
+# of scripts/mini_pipeline.sh's demos stage ($DEMOS/{a,b}).
 set -euo pipefail
 H=".venv/bin/python -m heisd_ros.tools.cli"
-A=artifacts/dagger
+A=${A:-artifacts/dagger}
+DEMOS=${DEMOS:-artifacts/demos_db}
 R=${ROUND:-1}
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} OMP_NUM_THREADS=1
-START=models/mini_libero/vla
+START=${START:-models/mini_libero/vla}
 [ "$R" -gt 1 ] && START=$A/vla_r$((R - 1))
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
 
@@ -36,7 +38,7 @@ fi
 if stage train; then
     D=$A/train_r$R  # the demonstrations and every round's labelled states so far
     mkdir -p $D
-    for f in artifacts/demos_db/{a,b}/libero_object/*.hdf5; do ln -sfn "$(realpath "$f")" $D/"$(basename "$f")"; done
+    for f in $DEMOS/{a,b}/libero_object/*.hdf5; do ln -sfn "$(realpath "$f")" $D/"$(basename "$f")"; done
     for r in $(seq 1 "$R"); do
         for f in $A/r$r/{a,b}/libero_object/*_dagger.hdf5; do ln -sfn "$(realpath "$f")" $D/"r${r}_$(basename "$f")"; done
     done
