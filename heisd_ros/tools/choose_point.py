@@ -2,15 +2,24 @@
 
 Usage:
     heisd choose-point --run artifacts/calib_run/report.json --calibration artifacts/calibration_fitted.json \
-        --out artifacts/calibration.json [--max-success-drop 5]
+        --out artifacts/calibration.json [--max-success-drop 5] [--max-gripper-disagreement 0.01] \
+        [--max-position-p95-bins 30] [--min-episodes 50]
 
-The run is an `heisd eval-libero --purpose calibration` report (init states held out from both the
-demonstrations and the evaluation) with `ar`, and `heisd` and/or heisd variants as the candidates
-(`--variants`, fields of `fused_metric` and `verify_skip` only). The rule, fixed before any
-candidate is seen: among the candidates whose success rate is at least `ar`'s minus
-`--max-success-drop` points, the one with the lowest mean step time. The output is the calibration
-file with the chosen candidate's fields written in, and in `meta.chosen_point` the run, the rule and
-every candidate's figures; the evaluation then reports that point on episodes it was not chosen on.
+The run is an `heisd eval-libero --purpose calibration --shadow-ar` report (init states held out
+from both the demonstrations and the evaluation) with `ar`, and `heisd` and/or heisd variants as the
+candidates (`--variants`, fields of `fused_metric` and `verify_skip` only), at one committed
+revision. The rule, fixed before any candidate is seen: a candidate is eligible when
+- it ran at least `--min-episodes` episodes, all paired with ar's (same task and init state);
+- its success, paired against ar's, is at most `--max-success-drop` points below (method - ar);
+- its strict steps all carry ar's tokens (strict-step agreement);
+- its deviation from greedy ar on the same observations (the shadow) stays in bounds: the gripper
+  token differs on at most `--max-gripper-disagreement` of its steps, and the 95th percentile of a
+  step's position-group |delta bin| is at most `--max-position-p95-bins` (30: the sequence-wise
+  acceptance bound of one group);
+and among the eligible candidates the one with the lowest mean step time wins. The output is the
+calibration file with the chosen candidate's fields written in, and in `meta.chosen_point` the run,
+the rule and every candidate's figures and verdict; the evaluation then reports that point on
+episodes it was not chosen on.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import argparse
 import copy
 import json
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +57,70 @@ def candidates(report: dict[str, Any]) -> dict[str, MethodVariant]:
     return found
 
 
-def choose(report: dict[str, Any], max_success_drop: float) -> tuple[str, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class PointRule:
+    """The eligibility bounds of `choose` (the module docstring says what each one means)."""
+
+    max_success_drop: float = 5.0
+    max_gripper_disagreement: float = 0.01
+    max_position_p95_bins: float = 30.0
+    min_episodes: int = 50
+
+    def describe(self) -> str:
+        return (f"lowest mean step among candidates with >= {self.min_episodes} episodes paired with ar, success "
+                f"(paired) >= ar's - {self.max_success_drop} points, every strict step equal to ar's, gripper "
+                f"disagreement with greedy ar <= {self.max_gripper_disagreement:.1%} of steps and p95 position "
+                f"|delta bin| <= {self.max_position_p95_bins:g}")
+
+
+def _refusals(row: dict[str, Any], ar_episodes: int, rule: PointRule) -> list[str]:
+    """Why a candidate's report row is not eligible (empty: eligible)."""
+    why = []
+    paired = row.get("paired_vs_ar")
+    if row["episodes"] < rule.min_episodes:
+        why.append(f"{row['episodes']} episodes < {rule.min_episodes}")
+    if paired is None or paired["pairs"] != row["episodes"] or paired["pairs"] > ar_episodes:
+        why.append("episodes not all paired with ar's")
+    elif paired["difference"] < -rule.max_success_drop / 100.0 - 1e-12:
+        why.append(f"success {paired['difference']:+.0%} against ar (paired)")
+    agreement = row.get("strict_agreement") or {}
+    if agreement.get("agree") != agreement.get("checked") or not agreement.get("logged", False):
+        why.append(f"strict-step agreement {agreement.get('agree')} / {agreement.get('checked')}")
+    elif agreement.get("same_start") != agreement.get("pairs"):
+        why.append(f"first observation equals ar's in {agreement.get('same_start')} / {agreement.get('pairs')} pairs")
+    shadow = row.get("shadow")
+    if shadow is None:
+        if row.get("lossy_steps", 1):
+            why.append("no shadow of its lossy steps (run with --shadow-ar)")
+    else:
+        dev = shadow["all"]
+        if shadow.get("unshadowed_lossy_steps", 0):
+            why.append(f"{shadow['unshadowed_lossy_steps']} lossy steps without a shadow")
+        if dev.get("gripper_disagreement", 0.0) > rule.max_gripper_disagreement:
+            why.append(f"gripper disagreement {dev['gripper_disagreement']:.2%}")
+        if dev.get("position_p95_bins", 0.0) > rule.max_position_p95_bins:
+            why.append(f"p95 position |delta bin| {dev['position_p95_bins']:g}")
+    return why
+
+
+def choose(report: dict[str, Any], rule: PointRule) -> tuple[str, list[dict[str, Any]]]:
     """(the chosen label, every candidate's row with its verdict) by the module's rule."""
-    floor = report["ar"]["success_rate"] - max_success_drop / 100.0
     rows = []
     for name in candidates(report):
         r = report[name]
+        paired = r.get("paired_vs_ar") or {}
+        dev = (r.get("shadow") or {}).get("all", {})
+        why = _refusals(r, report["ar"]["episodes"], rule)
         rows.append({"name": name, "success_rate": r["success_rate"], "episodes": r["episodes"],
+                     "success_vs_ar_paired": paired.get("difference"),
+                     "success_vs_ar_ci95": paired.get("difference_ci95"), "mcnemar_p": paired.get("mcnemar_p"),
                      "mean_step_ms": r["mean_step_ms"], "p95_step_ms": r["p95_step_ms"],
-                     "speedup_vs_ar": r["speedup_vs_ar"], "eligible": r["success_rate"] >= floor})
+                     "speedup_vs_ar": r["speedup_vs_ar"], "gripper_disagreement": dev.get("gripper_disagreement"),
+                     "position_p95_bins": dev.get("position_p95_bins"), "eligible": not why, "refused": why})
     eligible = [row for row in rows if row["eligible"]]
     if not eligible:
-        raise ConfigError(f"no candidate within {max_success_drop} points of ar's success "
-                          f"({report['ar']['success_rate']:.0%}); widen the candidates or the run")
+        raise ConfigError("no candidate meets the rule (" + "; ".join(
+            f"{row['name']}: {', '.join(row['refused'])}" for row in rows) + "); widen the candidates or the run")
     return min(eligible, key=lambda row: row["mean_step_ms"])["name"], rows
 
 
@@ -72,19 +133,23 @@ def write_point(calibration: dict[str, Any], variant: MethodVariant) -> dict[str
     return out
 
 
-def run(run_path: str, calibration_path: str, out_path: str, max_success_drop: float) -> dict[str, Any]:
+def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) -> dict[str, Any]:
     from heisd_ros.tools.eval_policies import file_digest
 
     report = json.loads(Path(run_path).read_text())
     used = report.get("_meta", {}).get("model", {}).get("calibration_digest")
     if used != file_digest(calibration_path):
         raise ConfigError(f"{calibration_path} is not the calibration file the run used (digest {used})")
+    rev = str(report.get("_meta", {}).get("git_rev") or "")
+    if not rev or rev.endswith("+dirty") or "," in rev:
+        raise ConfigError(f"the run's revision is {rev or 'unknown'}: a point is chosen on a run at one committed "
+                          "revision, so that its command reproduces it")
     calibration = json.loads(Path(calibration_path).read_text())
-    name, rows = choose(report, max_success_drop)
+    name, rows = choose(report, rule)
     chosen = write_point(calibration, candidates(report)[name])
     meta = report["_meta"]
     chosen.setdefault("meta", {})["chosen_point"] = {
-        "chosen": name, "rule": f"lowest mean step among candidates with success >= ar's - {max_success_drop} points",
+        "chosen": name, "rule": rule.describe(), "bounds": asdict(rule),
         "run": str(run_path), "run_git_rev": meta.get("git_rev"), "tasks": meta.get("tasks"),
         "init_states": meta.get("init_states"), "ar_success_rate": report["ar"]["success_rate"],
         "ar_mean_step_ms": report["ar"]["mean_step_ms"], "candidates": rows, "from_calibration": str(calibration_path),
@@ -99,17 +164,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", required=True, help="eval-libero report (.json) of a --purpose calibration run")
     p.add_argument("--calibration", required=True, help="the calibration file that run used")
     p.add_argument("--out", required=True, help="calibration file to write")
-    p.add_argument("--max-success-drop", type=float, default=5.0, help="points below ar's success a candidate may be")
+    d = PointRule()
+    p.add_argument("--max-success-drop", type=float, default=d.max_success_drop,
+                   help="points below ar's success (paired) a candidate may be")
+    p.add_argument("--max-gripper-disagreement", type=float, default=d.max_gripper_disagreement,
+                   help="share of a candidate's steps whose gripper token may differ from greedy ar's")
+    p.add_argument("--max-position-p95-bins", type=float, default=d.max_position_p95_bins,
+                   help="bound on the p95 of a step's position-group |delta bin| against greedy ar")
+    p.add_argument("--min-episodes", type=int, default=d.min_episodes, help="episodes a candidate must have run")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        chosen = run(args.run, args.calibration, args.out, args.max_success_drop)
+        rule = PointRule(args.max_success_drop, args.max_gripper_disagreement, args.max_position_p95_bins,
+                         args.min_episodes)
+        chosen = run(args.run, args.calibration, args.out, rule)
     except (HeisdError, OSError, json.JSONDecodeError, KeyError) as err:
         print(f"heisd choose-point: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     info = chosen["meta"]["chosen_point"]
     for row in info["candidates"]:
         print(f"{row['name']:>16}: success {row['success_rate']:.0%} of {row['episodes']}, mean step "
-              f"{row['mean_step_ms']:.1f} ms, {row['speedup_vs_ar']:.2f}x ar{'' if row['eligible'] else ' (not eligible)'}")
+              f"{row['mean_step_ms']:.1f} ms, {row['speedup_vs_ar']:.2f}x ar"
+              + ("" if row["eligible"] else f" (not eligible: {', '.join(row['refused'])})"))
     print(f"chose {info['chosen']}; wrote {args.out}")
     return 0
 

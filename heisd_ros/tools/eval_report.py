@@ -383,6 +383,7 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
         steps = [s for e in by_method[m] for s in e["steps"]]
         r.update(contention(steps))
         r["shadow"] = shadow_deviation(steps)
+        r["lossy_steps"] = sum(1 for s in steps if not s.get("strict"))
         if m != "ar" and ar_pairs:
             r["strict_agreement"] = run_evidence["strict_agreement"][m]
             r["paired_vs_ar"] = paired_success(by_method[m], by_method["ar"])

@@ -7,24 +7,34 @@ from pathlib import Path
 
 import pytest
 
+from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.pipeline.calibration import apply_calibration
-from heisd_ros.core.config import DecoderConfig
-from heisd_ros.tools.choose_point import choose, main
+from heisd_ros.tools.choose_point import PointRule, choose, main
 from heisd_ros.tools.eval_policies import file_digest
 
 VARIANTS = ["fast=heisd:verify_skip.min_similarity=0.9,verify_skip.max_consecutive_skips=6",
             "mid=heisd:verify_skip.min_similarity=0.97", "off=heisd:fused_metric.tau=0"]
+EPISODES = 50
+RULE = PointRule()
 
 
-def _row(success: float, mean_ms: float) -> dict:
-    return {"success_rate": success, "episodes": 20, "mean_step_ms": mean_ms, "p95_step_ms": 2 * mean_ms,
-            "speedup_vs_ar": 100.0 / mean_ms}
+def _row(success: float, mean_ms: float, *, gripper: float = 0.002, position_p95: float = 12.0,
+         agree: int = 900, episodes: int = EPISODES, lossy: int = 400) -> dict:
+    """A report row as eval-libero writes it: success paired against ar's 0.5 on the same episodes."""
+    return {"success_rate": success, "episodes": episodes, "mean_step_ms": mean_ms, "p95_step_ms": 2 * mean_ms,
+            "speedup_vs_ar": 100.0 / mean_ms, "lossy_steps": lossy,
+            "paired_vs_ar": {"pairs": episodes, "difference": success - 0.5, "difference_ci95": [-0.2, 0.2],
+                             "mcnemar_p": 0.5},
+            "strict_agreement": {"logged": True, "checked": 900, "agree": agree, "pairs": episodes,
+                                 "same_start": episodes},
+            "shadow": {"all": {"steps": 1000, "gripper_disagreement": gripper, "position_p95_bins": position_p95},
+                       "unshadowed_lossy_steps": 0} if lossy else None}
 
 
 def _report(calibration: Path, **rows) -> dict:
-    return {"ar": _row(0.5, 100.0), **rows,
-            "_meta": {"purpose": "calibration", "variants": VARIANTS, "git_rev": "abc", "tasks": [0],
+    return {"ar": {"success_rate": 0.5, "episodes": EPISODES, "mean_step_ms": 100.0}, **rows,
+            "_meta": {"purpose": "calibration", "variants": VARIANTS, "git_rev": "abc1234", "tasks": [0],
                       "init_states": [20, 21], "model": {"calibration_digest": file_digest(str(calibration))}}}
 
 
@@ -37,36 +47,65 @@ def fitted(tmp_path: Path) -> Path:
 
 
 def test_fastest_candidate_within_the_success_margin_wins(fitted: Path, tmp_path: Path) -> None:
-    # fast is fastest but loses 10 points; mid loses 5 (allowed) and beats plain heisd
-    report = _report(fitted, heisd=_row(0.55, 60.0), fast=_row(0.40, 30.0), mid=_row(0.45, 40.0), off=_row(0.5, 50.0))
-    name, rows = choose(report, 5.0)
+    # fast is fastest but loses 10 points; mid loses 4 (allowed) and beats plain heisd
+    report = _report(fitted, heisd=_row(0.56, 60.0), fast=_row(0.40, 30.0), mid=_row(0.46, 40.0), off=_row(0.5, 50.0))
+    name, rows = choose(report, RULE)
     assert name == "mid" and [r["eligible"] for r in rows] == [True, False, True, True]
+    assert rows[1]["refused"] == ["success -10% against ar (paired)"]
     run = tmp_path / "run.json"
     run.write_text(json.dumps(report))
     out = tmp_path / "chosen.json"
     assert main(["--run", str(run), "--calibration", str(fitted), "--out", str(out)]) == 0
     chosen = json.loads(out.read_text())
     assert chosen["verify_skip"]["min_similarity"] == 0.97 and chosen["fused_metric"]["tau"] == 0.08
-    assert chosen["meta"]["chosen_point"]["chosen"] == "mid" and chosen["meta"]["n_points"] == 5
+    info = chosen["meta"]["chosen_point"]
+    assert info["chosen"] == "mid" and chosen["meta"]["n_points"] == 5 and info["bounds"]["max_position_p95_bins"] == 30
     cfg = apply_calibration(DecoderConfig(), out)
     assert cfg.verify_skip.min_similarity == 0.97 and cfg.fused_metric.tau == 0.08
-    # a stricter margin leaves plain heisd (the fitted point, unchanged) or off
-    assert choose(report, 0.0)[0] == "off"
+    # no drop allowed at all leaves plain heisd (the fitted point, unchanged) or off
+    assert choose(report, PointRule(max_success_drop=0.0))[0] == "off"
+
+
+@pytest.mark.parametrize("fault, reason", [
+    ({"gripper": 0.02}, "gripper disagreement 2.00%"),
+    ({"position_p95": 31.0}, "p95 position |delta bin| 31"),
+    ({"agree": 899}, "strict-step agreement 899 / 900"),
+    ({"episodes": 49}, "49 episodes < 50"),
+])
+def test_a_fast_candidate_out_of_bounds_loses_to_a_slower_one(fitted: Path, fault: dict, reason: str) -> None:
+    report = _report(fitted, heisd=_row(0.5, 60.0), fast=_row(0.5, 30.0, **fault))
+    name, rows = choose(report, RULE)
+    assert name == "heisd" and reason in rows[1]["refused"][0]
+    assert choose(_report(fitted, heisd=_row(0.5, 60.0), fast=_row(0.5, 30.0)), RULE)[0] == "fast"  # control
+
+
+def test_shadow_required_of_lossy_candidates_only(fitted: Path) -> None:
+    unshadowed = _row(0.5, 30.0)
+    unshadowed["shadow"] = None
+    name, rows = choose(_report(fitted, heisd=_row(0.5, 60.0), fast=unshadowed), RULE)
+    assert name == "heisd" and "run with --shadow-ar" in rows[1]["refused"][0]
+    # a candidate whose steps were all strict has nothing to shadow
+    assert choose(_report(fitted, heisd=_row(0.5, 60.0), fast=_row(0.5, 30.0, lossy=0)), RULE)[0] == "fast"
 
 
 def test_refusals(fitted: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no candidate"):
-        choose(_report(fitted, fast=_row(0.1, 30.0)), 5.0)
+    with pytest.raises(ConfigError, match="no candidate meets the rule .fast: success -40%"):
+        choose(_report(fitted, fast=_row(0.1, 30.0)), RULE)
     not_calib = _report(fitted, heisd=_row(0.5, 50.0))
     not_calib["_meta"]["purpose"] = "evaluation"
     with pytest.raises(ConfigError, match="not a calibration run"):
-        choose(not_calib, 5.0)
+        choose(not_calib, RULE)
     bad = _report(fitted, odd=_row(0.5, 50.0))
     bad["_meta"]["variants"] = ["odd=heisd:gripper_hold_steps=3"]
     with pytest.raises(ConfigError, match="holds only"):
-        choose(bad, 5.0)
+        choose(bad, RULE)
     run = tmp_path / "run.json"
     run.write_text(json.dumps(_report(fitted, heisd=_row(0.5, 50.0))))
     other = tmp_path / "other.json"
     other.write_text("{}")
     assert main(["--run", str(run), "--calibration", str(other), "--out", str(tmp_path / "x.json")]) == 2
+    dirty = _report(fitted, heisd=_row(0.5, 50.0))
+    dirty["_meta"]["git_rev"] = "abc1234+dirty"
+    run.write_text(json.dumps(dirty))
+    assert main(["--run", str(run), "--calibration", str(fitted), "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
