@@ -19,6 +19,7 @@ from heisd_ros.core.acceptance import SequenceRelaxedRule
 from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, VerifySkipConfig
 from heisd_ros.core.errors import CalibrationError, ConfigError
 from heisd_ros.core.kinematics import FusedMetric, fit_normalisation
+from heisd_ros.pipeline.closed_loop import f_summary, fused_values
 from heisd_ros.core.verify_skip import calibrate_thresholds
 from heisd_ros.pipeline.outputs import write_json
 
@@ -53,6 +54,7 @@ TAU_RULES = ("balanced", "cost")
 def calibrate(
     points: Sequence, fused: FusedMetricConfig, neighbours: int = 5, max_points: int = 4000, seed: int = 0,
     live_prev: dict | None = None, tau_rule: str = "balanced", step_costs: StepCosts | None = None,
+    closed_loop: Sequence[np.ndarray] | None = None,
 ) -> dict:
     """Calibration dict from demonstration points (heisd_ros.store.schema.DemoPoint).
 
@@ -69,15 +71,22 @@ def calibrate(
       steps, by balanced accuracy) or 'cost' (the threshold with the least expected step time
       under `step_costs`: where drafts pass often enough, retrieval pays even if F does not
       separate; both rules are reported in meta).
+    closed_loop: the policy's own end-effector paths (`closed_loop.read_trajectories`); when given,
+      Norm(R), Norm(D) come from them instead of the demonstrations. Either way meta records F's
+      distribution along both (`f_demonstrations`, `f_closed_loop`): the tau candidates.
     """
     if tau_rule not in TAU_RULES:
         raise ConfigError(f"tau_rule must be one of {TAU_RULES}, got {tau_rule!r}")
     if tau_rule == "cost" and step_costs is None:
         raise ConfigError("tau_rule 'cost' needs step_costs")
     episodes = _episodes(points)
-    norm = fit_normalisation([np.stack([p.ee_pos for p in eps]) for eps in episodes.values()],
-                             fused.window_steps, fused)
+    demo_paths = [np.stack([p.ee_pos for p in eps]) for eps in episodes.values()]
+    norm = fit_normalisation(list(closed_loop) if closed_loop else demo_paths, fused.window_steps, fused)
     fused = dataclasses.replace(fused, **norm)
+    f_meta = {"normalisation_from": "closed_loop" if closed_loop else "demonstrations",
+              "f_demonstrations": f_summary(fused_values(demo_paths, fused))}
+    if closed_loop:
+        f_meta["f_closed_loop"] = f_summary(fused_values(closed_loop, fused))
     f_of = _fused_along_episodes(episodes, fused)
     sample = [p for eps in episodes.values() for p in eps]
     if len(sample) > max_points:
@@ -97,7 +106,7 @@ def calibrate(
     skip = calibrate_thresholds(np.array(pairs.sims)[in_retrieval], np.array(pairs.dists)[in_retrieval],
                                 np.array(pairs.passed, dtype=bool)[in_retrieval])
     return _calibration_file(norm, tau, skip, pairs, in_retrieval, {"tau_rule": tau_rule, **cost_meta,
-                                                                     "n_points": len(points)})
+                                                                     "n_points": len(points), **f_meta})
 
 
 def _calibration_file(norm: dict, tau: float, skip, pairs: _Pairs, in_retrieval: np.ndarray, meta: dict) -> dict:

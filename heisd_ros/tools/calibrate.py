@@ -7,6 +7,7 @@ Usage:
         [--neighbours 5] [--max-points 4000] [--seed 0] [--threads 1] [--unnorm-key KEY] [--center-crop]
         [--tau-rule balanced|cost] [--step-costs-from EVAL_LOG | --step-costs-ms D,RP,RF]
         [--pin-tau T] [--pin-min-similarity S] [--pin-max-consecutive-skips N]
+        [--closed-loop EVAL_LOG [--closed-loop-method ar]]
 
 Reads every point of the database (`heisd build-db --out`) and runs
 `heisd_ros.pipeline.calibration.calibrate` on them, with the VLA's *live* features: for each demo step the
@@ -25,6 +26,12 @@ tau: `--tau-rule balanced` (default) separates passing from failing steps;
 step times of drafter mode and of retrieval mode when its drafts pass or fail
 (`--step-costs-from` an eval-libero log, or `--step-costs-ms`). Given costs, both taus and their
 expected step times are recorded in the file's meta either way.
+
+`--closed-loop` normalises F on the policy's own motion instead of the demonstrations': the
+end-effector paths of the `ar` episodes of an eval-libero log (run at calibration init states,
+never the evaluation's). Either way the file's meta records F's distribution along the demos and,
+given a log, along the closed loop (share exactly 0, quantiles): the tau candidates of a
+calibration run.
 
 `--pin-tau` / `--pin-min-similarity` replace the fitted tau / min_S by a chosen value (and turn
 verify-skip on), `--pin-max-consecutive-skips` sets N_max: an operating point picked from
@@ -90,6 +97,9 @@ class CalibrateConfig:
     """Use this verify-skip min_S instead of the fitted one (turns verify-skip on)."""
     pin_max_consecutive_skips: int | None = None
     """Write this N_max (skips in a row) into the file instead of the node's configured one."""
+    closed_loop: str = ""
+    """eval-libero log whose `closed_loop_method` episodes normalise F (instead of the demos)."""
+    closed_loop_method: str = "ar"
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -204,6 +214,7 @@ def write_plots(calib: dict, directory: str | Path) -> list[str]:
 
 def run(cfg: CalibrateConfig) -> dict:
     from heisd_ros.pipeline.calibration import apply_calibration, calibrate, save_calibration
+    from heisd_ros.pipeline.closed_loop import read_trajectories
     from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
     from heisd_ros.pipeline.features import FeatureCache, GreedyCache
     from heisd_ros.models.loader import load_model
@@ -237,8 +248,10 @@ def run(cfg: CalibrateConfig) -> dict:
         log.warning("no --demos/--bags/--lerobot: similarities use the stored feat vectors, not live features")
     live_s = time.perf_counter() - t_live
     t_cal = time.perf_counter()
+    closed_loop = read_trajectories(cfg.closed_loop, cfg.closed_loop_method) if cfg.closed_loop else None
     calib = calibrate(points, FusedMetricConfig(), neighbours=cfg.neighbours, max_points=cfg.max_points,
-                      seed=cfg.seed, live_prev=live_prev, tau_rule=cfg.tau_rule, step_costs=cfg.costs())
+                      seed=cfg.seed, live_prev=live_prev, tau_rule=cfg.tau_rule, step_costs=cfg.costs(),
+                      closed_loop=closed_loop)
     pin_operating_point(calib, cfg.pin_tau, cfg.pin_min_similarity, cfg.pin_max_consecutive_skips)
     calib["meta"].update(
         command="heisd calibrate", config=dataclasses.asdict(cfg), seed=cfg.seed, git_revision=git_revision(),
@@ -304,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use this verify-skip min_S instead of the fitted one (turns verify-skip on)")
     p.add_argument("--pin-max-consecutive-skips", type=int, default=None,
                    help="write this N_max (verify-skips in a row) into the calibration file")
+    p.add_argument("--closed-loop", default="", help="eval-libero log (.jsonl/.jsonl.gz) whose episodes normalise F")
+    p.add_argument("--closed-loop-method", default=d.closed_loop_method, help="the method of those episodes")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     add_source_arguments(p)  # the sources build-db read, for the live features
     return p
@@ -323,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"calibrate: tau {fm['tau']:.3f}, verify-skip {'on' if vs['enabled'] else 'off'} "
           f"(min_S {vs['min_similarity']:.4f}, O_dist {vs['max_distance_m'] * 100:.2f} cm), "
           f"{meta['n_pairs']} pairs, pass rate {meta['pass_rate']:.2f}, {meta['seconds']['total']:.0f} s -> {cfg.out}")
+    for source in ("demonstrations", "closed_loop"):
+        f = meta.get(f"f_{source}")
+        if f and f["steps"]:
+            q = ", ".join(f"q{k} {v:.4f}" for k, v in f["quantiles"].items())
+            fitted = ", normalised on these" if meta["normalisation_from"] == source else ""
+            print(f"  F along the {source.replace('_', ' ')} ({f['steps']} steps{fitted}): "
+                  f"{f['zero_share']:.0%} exactly 0, {q}")
     if "expected_step_ms" in meta:
         e = meta["expected_step_ms"]
         print(f"  tau rule {meta['tau_rule']}: balanced tau {meta['tau_balanced']:.3f} (expected step {e['balanced']:.1f} ms), "

@@ -1,0 +1,63 @@
+"""The policy's own closed-loop motion, read from an `heisd eval-libero` log: its end-effector
+trajectories and the fused metric F along them (docs/design.md §5).
+
+Offline, F's normalisation and tau come from the demonstrations; a policy in closed loop moves
+differently (it pauses, creeps, corrects), so the boundary can be normalised on the policy's own
+windows and its tau candidates placed at quantiles of the F it actually produces.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from heisd_ros.core.config import FusedMetricConfig
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.kinematics import FusedMetric
+
+F_QUANTILES = (0.25, 0.5, 0.75, 0.9)
+"""Where `f_summary` reports the closed-loop F (the tau candidates of a calibration run)."""
+
+
+def read_trajectories(path: str | Path, method: str = "ar") -> list[np.ndarray]:
+    """The end-effector path [N, 3] of every `method` episode of an eval-libero log (.jsonl / .jsonl.gz)."""
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    out = []
+    try:
+        with opener(p, "rt") as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("kind") == "episode" and rec.get("method") == method:
+                    out.append(np.array([s["ee"] for s in rec["steps"]], dtype=np.float64).reshape(-1, 3))
+    except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
+        raise ConfigError(f"{p}: not a readable eval-libero log ({err})") from err
+    if not out:
+        raise ConfigError(f"{p}: no {method} episodes")
+    return out
+
+
+def fused_values(trajectories: Sequence[np.ndarray], fused: FusedMetricConfig) -> np.ndarray:
+    """F at every step of every trajectory, as the live metric computes it (steps before its window
+    has enough points have none)."""
+    values = []
+    for traj in trajectories:
+        metric = FusedMetric(fused)
+        for pos in traj:
+            metric.push(pos)
+            v = metric.value()
+            if v is not None:
+                values.append(v)
+    return np.asarray(values, dtype=np.float64)
+
+
+def f_summary(values: np.ndarray) -> dict:
+    """Steps, share exactly 0, mean and the `F_QUANTILES` of F values."""
+    if values.size == 0:
+        return {"steps": 0}
+    return {"steps": int(values.size), "zero_share": float(np.mean(values == 0.0)), "mean": float(values.mean()),
+            "quantiles": {f"{q:g}": float(np.quantile(values, q)) for q in F_QUANTILES}}
