@@ -43,8 +43,14 @@ class AcceptanceConfig:
     """Sequence-wise rule: the summed bias of a group may be at most this."""
     token_relaxed_bias_bins: int = 9
     """Token-level relaxed rule (SpecVLA baseline): per-token threshold h."""
+    retrieval_rule: str = "sequence"
+    """The rule `heisd` verifies retrieved drafts with: 'sequence' (the sequence-wise rule above),
+    'token' (the per-token threshold h: the ablation of the sequence-wise rule) or 'strict'
+    (lossless: the kinematic boundary alone). Other methods verify retrieved drafts strictly."""
 
     def __post_init__(self) -> None:
+        require(self.retrieval_rule in ("sequence", "token", "strict"),
+                "acceptance retrieval_rule must be 'sequence', 'token' or 'strict'")
         require(0 <= self.max_token_bias_bins <= 255, "max_token_bias_bins must be in [0, 255]")
         require(0 <= self.max_group_bias_bins <= 765, "max_group_bias_bins must be in [0, 765]")
         require(0 <= self.token_relaxed_bias_bins <= 255, "token_relaxed_bias_bins must be in [0, 255]")

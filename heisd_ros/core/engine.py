@@ -145,7 +145,8 @@ class HybridDecoder:
         self.gripper = GripperDebounce(cfg.gripper_hold_steps)
         self.strict = make_rule("strict", cfg.acceptance)
         self.drafter_rule = make_rule("token" if cfg.method == "specvla" else "strict", cfg.acceptance)
-        self.retrieval_rule = make_rule("sequence" if cfg.method == "heisd" else "strict", cfg.acceptance)
+        self.retrieval_rule = make_rule(cfg.acceptance.retrieval_rule if cfg.method == "heisd" else "strict",
+                                        cfg.acceptance)
         self.instruction: str | None = None
         self.f_live: np.ndarray | None = None
         self.last_gripper_token: int | None = None

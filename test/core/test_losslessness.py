@@ -128,6 +128,34 @@ def test_full_hybrid_decoder_with_skip_disabled_and_strict_acceptance_is_lossles
     assert modes == {"drafter", "retrieval"}
 
 
+@pytest.mark.parametrize("rule, lossless", [("strict", True), ("sequence", False)])
+def test_heisd_with_the_strict_retrieval_rule_is_the_boundary_alone(vla, ar, drafter, demo_store, helpers, rule,
+                                                                    lossless):
+    """acceptance.retrieval_rule 'strict' (the ablation "boundary only"): every step strict and ar's tokens;
+    the default sequence-wise rule on the same inputs accepts lossy retrieval steps (the control)."""
+    cfg = DecoderConfig(method="heisd", acceptance=AcceptanceConfig(retrieval_rule=rule),
+                        verify_skip=VerifySkipConfig(enabled=False),
+                        fused_metric=dataclasses.replace(DecoderConfig().fused_metric, tau=-1.0))
+    dec = HybridDecoder(vla, cfg, store=demo_store, drafter=drafter)
+    strict_steps, equal, retrieval = 0, 0, 0
+    for seed in SEEDS:
+        obs = random_obs(seed)
+        ref = helpers.ar_tokens(ar, obs)
+        dec.reset(obs.instruction)
+        for p in range(3):
+            obs.ee_pos = np.array([0.1 * p, 0.0, 0.0])
+            _, st = dec.step(obs)
+            strict_steps += st.strict
+            equal += st.tokens == ref
+            retrieval += st.mode == "retrieval"
+    n = len(SEEDS) * 3
+    assert retrieval > 0
+    if lossless:
+        assert strict_steps == n and equal == n
+    else:
+        assert strict_steps < n
+
+
 def test_retrieval_baseline_is_lossless(vla, ar, demo_store, helpers):
     dec = HybridDecoder(vla, DecoderConfig(method="retrieval"), store=demo_store)
     fully = 0
@@ -144,3 +172,11 @@ def test_sequence_rule_with_zero_bias_equals_strict():
     rule = make_rule("sequence", AcceptanceConfig(max_token_bias_bins=0, max_group_bias_bins=0))
     assert rule.accepts([5, 6, 7], [5, 6, 7], 0) == (True, 0)
     assert not rule.accepts([5, 6, 8], [5, 6, 7], 0)[0]
+
+
+def test_an_unknown_retrieval_rule_is_refused():
+    from heisd_ros.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="retrieval_rule"):
+        AcceptanceConfig(retrieval_rule="loose")
+    assert AcceptanceConfig(retrieval_rule="token").retrieval_rule == "token"
