@@ -1,20 +1,23 @@
 #!/bin/bash
 # The LIBERO-Object evaluation of benchmarks/libero_object.{json,md} (docs/eval_libero.md, "The
 # current results"): the shipped mini policy, a database of the demonstrations at init states 0-19,
-# an operating point chosen on closed-loop runs at init states 20-21, then every method on all 10
-# tasks x init states 40-49 (retrieval and the ablations on 40-42), as two shards on two cores.
-# Every stage is resumable: rerun the script after an interruption and it continues where it stopped.
-#   STAGE=db|point|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
+# the kinematic boundary normalised on the policy's own closed loop (ar at init states 25-29), an
+# operating point chosen by `heisd choose-point` among candidates run at init states 20-24, then
+# every method on all 10 tasks x init states 40-49 (retrieval and the ablations on 40-42), as two
+# shards on two cores. Every stage is resumable: rerun the script after an interruption and it
+# continues where it stopped.
+#   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
 set -euo pipefail
 # `python -m` from the checkout, not the .venv/bin/heisd entry point: the code that runs is the code
 # of the checkout the script runs in (a git worktree pinned at one revision runs that revision).
 H=".venv/bin/python -m heisd_ros.tools.cli"
 E=artifacts/eval_object
+DEMOS=${DEMOS:-artifacts/demos_db}  # the policy's demonstrations (scripts/mini_pipeline.sh, stage demos)
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} OMP_NUM_THREADS=1
-# Candidates of the calibration run (heisd itself is the offline-fitted point) and the ablations.
-CANDIDATES="skip98n6=heisd:verify_skip.min_similarity=0.98,verify_skip.max_consecutive_skips=6;\
-skip99n6=heisd:verify_skip.min_similarity=0.99,verify_skip.max_consecutive_skips=6"
-ABLATIONS="heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.enabled=false"
+# The ablations of the run that counts (variants of the chosen point).
+ABLATIONS="heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.enabled=false;"
+ABLATIONS+='heisd_token=heisd:acceptance.retrieval_rule="token";'
+ABLATIONS+='heisd_boundary=heisd:acceptance.retrieval_rule="strict",verify_skip.enabled=false'
 COMMON=(--model $E/vla --drafter models/mini_libero/drafter --position-pool 20 --suite libero_object
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
 
@@ -24,53 +27,83 @@ if stage db; then
     # Demonstrations at init states 0-19 (docs/libero.md, "The mini policy's demonstrations").
     for part in a:0-4 b:5-9; do
         nice $H gen-demos --suite libero_object --tasks "${part#*:}" --init-states 0-19 \
-            --out artifacts/demos_db/"${part%%:*}" --no-bags &
+            --out $DEMOS/"${part%%:*}" --no-bags &
     done
     wait
-    mkdir -p $E/demos && for f in artifacts/demos_db/{a,b}/libero_object/*.hdf5; do
+    mkdir -p $E/demos && for f in $DEMOS/{a,b}/libero_object/*.hdf5; do
         ln -sfn "$(realpath "$f")" $E/demos/"$(basename "$f")"; done
     # A copy of the shipped policy, so feature caches land under artifacts/ (not models/).
     [ -d $E/vla ] || cp -r models/mini_libero/vla $E/vla
     $H build-db --model $E/vla --demos $E/demos --out $E/db --tasks 0-9 --threads 2 --query-views 1 --no-progress
-    $H calibrate --model $E/vla --db $E/db --demos $E/demos --tasks 0-9 --threads 2 --no-progress \
-        --out $E/calibration_fitted.json --plots $E/calibration_plots
 fi
 
-if stage point; then
-    # Closed-loop candidates on init states 20-21 (neither demonstrations nor evaluation), two shards.
-    [ -d $E/db_b ] || cp -r $E/db $E/db_b  # an embedded database is open in one process only
+# Per-task processes appending to a shard's log (MuJoCo keeps 0.5-1 GB of every closed env), two
+# shards on two cores with their own copy of the database (an embedded database is open in one
+# process only), then one report. $1 stem, $2 init states, $3 calibration, $4 methods, $5 variants,
+# then extra eval-libero flags.
+shards() {
+    local stem=$1 inits=$2 calib=$3 methods=$4 variants=$5
+    shift 5
+    [ -d $E/db_b ] || cp -r $E/db $E/db_b
     for part in a:0-4:db b:5-9:db_b; do
         IFS=: read -r name tasks db <<< "$part"
-        $H eval-libero "${COMMON[@]}" --db $E/$db --calibration $E/calibration_fitted.json --purpose calibration \
-            --tasks "$tasks" --init-states 20-21 --methods ar,heisd,skip98n6,skip99n6 --variants "$CANDIDATES" \
-            --out $E/point_$name.json > $E/point_$name.out 2>&1 &
+        for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
+            $H eval-libero "${COMMON[@]}" --db $E/$db --calibration "$calib" --tasks "$task" --init-states "$inits" \
+                --methods "$methods" --variants "$variants" "$@" --out ${stem}_$name.json >> ${stem}_$name.out 2>&1
+        done &
     done
     wait
-    (head -n 1 $E/point_a.jsonl; tail -q -n +2 $E/point_a.jsonl $E/point_b.jsonl) > $E/point.jsonl
-    $H eval-libero --report-from $E/point.jsonl --tasks 0-9 --init-states 20-21 --purpose calibration \
-        --methods ar,heisd,skip98n6,skip99n6 --out $E/point.json --plots ''
+    (head -n 1 ${stem}_a.jsonl; tail -q -n +2 ${stem}_a.jsonl ${stem}_b.jsonl) > $stem.jsonl
+}
+
+if stage loop; then
+    # The policy's own motion: ar at init states 25-29 (calibration split, not the candidates' 20-24).
+    shards $E/loop 25-29 "" ar "" --purpose calibration --no-shadow-ar
+fi
+
+if stage fit; then
+    # F normalised on that closed loop; tau candidates at quantiles of its F (docs/design.md §5).
+    $H calibrate --model $E/vla --db $E/db --demos $E/demos --tasks 0-9 --threads 2 --no-progress \
+        --closed-loop $E/loop.jsonl --out $E/calibration_fitted.json --plots $E/calibration_plots
+fi
+
+# The candidates, fixed before the point run: around a centre (tau at the median of the closed
+# loop's positive F, min_S 0.98, N_max 6) tau 0 / q25 / q50 / q75, min_S 0.97 / 0.99 and N_max 3;
+# plain `heisd` is the offline-fitted point. Every candidate on 50 episodes with the shadow of greedy ar.
+candidates() {
+    local q
+    q=$(.venv/bin/python -c "import json; f = json.load(open('$E/calibration_fitted.json'))['meta']['f_closed_loop']
+print(' '.join(str(f['positive_quantiles'][k]) for k in ('0.25', '0.5', '0.75')))")
+    read -r q25 q50 q75 <<< "$q"
+    local skip='verify_skip.enabled=true,verify_skip.min_similarity'
+    echo "t0=heisd:fused_metric.tau=0,$skip=0.98,verify_skip.max_consecutive_skips=6;\
+t25=heisd:fused_metric.tau=$q25,$skip=0.98,verify_skip.max_consecutive_skips=6;\
+t50=heisd:fused_metric.tau=$q50,$skip=0.98,verify_skip.max_consecutive_skips=6;\
+t75=heisd:fused_metric.tau=$q75,$skip=0.98,verify_skip.max_consecutive_skips=6;\
+t50s97=heisd:fused_metric.tau=$q50,$skip=0.97,verify_skip.max_consecutive_skips=6;\
+t50s99=heisd:fused_metric.tau=$q50,$skip=0.99,verify_skip.max_consecutive_skips=6;\
+t50n3=heisd:fused_metric.tau=$q50,$skip=0.98,verify_skip.max_consecutive_skips=3"
+}
+POINT_METHODS=ar,heisd,t0,t25,t50,t75,t50s97,t50s99,t50n3
+
+if stage point; then
+    shards $E/point 20-24 $E/calibration_fitted.json $POINT_METHODS "$(candidates)" --purpose calibration
+    $H eval-libero --report-from $E/point.jsonl --tasks 0-9 --init-states 20-24 --purpose calibration \
+        --methods $POINT_METHODS --out $E/point.json --plots ''
+fi
+
+if stage choose; then
     $H choose-point --run $E/point.json --calibration $E/calibration_fitted.json --out $E/calibration.json
 fi
 
 if stage eval; then
-    # One process per task, appending to its shard's log: MuJoCo does not give back all the memory
-    # of a task's closed envs (about 0.5-1 GB per task), which grew each process to 10 GB.
-    for part in a:0-4:db b:5-9:db_b; do
-        IFS=: read -r name tasks db <<< "$part"
-        for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
-            $H eval-libero "${COMMON[@]}" --db $E/$db --calibration $E/calibration.json --tasks "$task" \
-                --init-states 40-49 --methods ar,drafter,specvla,heisd --variants "$ABLATIONS" \
-                --subset-methods retrieval,heisd_tau0,heisd_noskip --subset-init-states 40-42 \
-                --out $E/eval_$name.json >> $E/eval_$name.out 2>&1
-        done &
-    done
-    wait
+    shards $E/eval 40-49 $E/calibration.json ar,drafter,specvla,heisd "$ABLATIONS" \
+        --subset-methods retrieval,heisd_tau0,heisd_noskip,heisd_token,heisd_boundary --subset-init-states 40-42
 fi
 
 if stage report; then
-    (head -n 1 $E/eval_a.jsonl; tail -q -n +2 $E/eval_a.jsonl $E/eval_b.jsonl) > $E/eval.jsonl
     gzip -9 -n -c $E/eval.jsonl > benchmarks/libero_object.jsonl.gz
     $H eval-libero --report-from benchmarks/libero_object.jsonl.gz --tasks 0-9 --init-states 40-49 \
-        --methods ar,drafter,specvla,heisd --subset-methods retrieval,heisd_tau0,heisd_noskip \
+        --methods ar,drafter,specvla,heisd --subset-methods retrieval,heisd_tau0,heisd_noskip,heisd_token,heisd_boundary \
         --subset-init-states 40-42 --out benchmarks/libero_object.json --plots benchmarks/libero_object_plots
 fi

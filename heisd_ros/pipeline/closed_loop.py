@@ -56,8 +56,13 @@ def fused_values(trajectories: Sequence[np.ndarray], fused: FusedMetricConfig) -
 
 
 def f_summary(values: np.ndarray) -> dict:
-    """Steps, share exactly 0, mean and the `F_QUANTILES` of F values."""
+    """Steps, share exactly 0, mean, the `F_QUANTILES` of F values and of the values above 0 (a
+    still hand gives F = 0 exactly; tau 0 and any tau above it split those steps alike, so distinct
+    tau candidates sit at quantiles of the positive values)."""
     if values.size == 0:
         return {"steps": 0}
+    positive = values[values > 0.0]
     return {"steps": int(values.size), "zero_share": float(np.mean(values == 0.0)), "mean": float(values.mean()),
-            "quantiles": {f"{q:g}": float(np.quantile(values, q)) for q in F_QUANTILES}}
+            "quantiles": {f"{q:g}": float(np.quantile(values, q)) for q in F_QUANTILES},
+            "positive_quantiles": {f"{q:g}": float(np.quantile(positive, q)) for q in F_QUANTILES}
+            if positive.size else {}}

@@ -75,4 +75,5 @@ def test_a_slow_policy_normalised_on_its_own_motion_spans_the_boundary() -> None
 def test_f_summary_counts_exact_zeros() -> None:
     s = f_summary(np.array([0.0, 0.0, 0.5, 1.0]))
     assert s["zero_share"] == 0.5 and s["steps"] == 4 and s["quantiles"]["0.5"] == pytest.approx(0.25)
+    assert s["positive_quantiles"]["0.5"] == pytest.approx(0.75)
     assert f_summary(np.array([])) == {"steps": 0}
