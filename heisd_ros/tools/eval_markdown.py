@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from heisd_ros.pipeline.figures import interval_text
+from heisd_ros.tools.eval_anchors import md_anchors
 
 
 def _f(x: Any, fmt: str = ".2f") -> str:
@@ -32,7 +33,7 @@ def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: what ran, the per-method and per-task tables, latency and targets."""
     meta = report["_meta"]
     methods = [m for m in report if not m.startswith("_")]
-    out = _md_header(meta) + _md_evidence(report, methods, meta.get("evidence"))
+    out = _md_header(meta) + md_anchors(report) + _md_evidence(report, methods, meta.get("evidence"))
     out += _md_methods(report, methods, meta.get("bootstrap", {})) + _md_paired(report, methods)
     out += _md_shadow(report, methods) + _md_tasks(report, methods) + _md_modes(report, methods)
     out += _md_stages(report, methods) + _md_boundary(report, methods)

@@ -75,6 +75,11 @@ def test_summary_figures() -> None:
     assert "| heisd | 50% (1/2; 9%-91%) | 17.8 | 2.25x | [1.67, 3.48] | 12.0 | 3.33x |" in text
     assert "Retrieval latency" in text and "mean step >= 2.5x faster than ar: missed (2.25x" in text
     assert "p95 step >= 1.5x faster than ar" in text and "Accept length (the paper's)" in text
+    # the published LIBERO-Object rows beside this run's, with the hardware difference said
+    assert "| HeiSD paper (OpenVLA-7B, A100) | heisd | 71.0% | 2.45x | 4.94 |" in text
+    assert "| this run | heisd | 50.0% (2 ep.) | 2.25x | 2.43 |" in text and "not step times" in text
+    other = build_report(_run(), ["ar", "heisd"], {"suite": "libero_90"})
+    assert "published" not in markdown(other)
     json.dumps(report, allow_nan=False)  # strict JSON (NaN written as null)
 
 
