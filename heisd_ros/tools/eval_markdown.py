@@ -261,10 +261,19 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
                 " -- vacuous: neither method solved an episode")),
             (f"- mean step >= 2.5x faster than ar: {yes[acc['speedup_at_least_2.5x']]} "
              f"({_f(acc['heisd_speedup_vs_ar'])}x, 95 % CI {interval_text(ci)})"),
+            (f"- mean thread CPU time >= 2.5x less than ar's: {yes[acc.get('cpu_speedup_at_least_2.5x', False)]} "
+             f"({_f(acc.get('heisd_cpu_speedup_vs_ar'))}x)"),
             (f"- p95 step >= 1.5x faster than ar: {yes[acc['p95_speedup_at_least_1.5x']]} "
              f"({_f(acc['heisd_p95_speedup_vs_ar'])}x)"),
             (f"- accept length (the paper's) >= 4.5 tokens per cycle: {yes[acc['accept_length_at_least_4.5']]} "
              f"({_f(acc['heisd_accept_length'])})")]
+    if acc.get("drafter_speedup_vs_ar") is not None:
+        out.append(f"- drafter mean step >= 1.15x faster than ar: {yes[acc['drafter_at_least_1.15x']]} "
+                   f"({_f(acc['drafter_speedup_vs_ar'])}x)")
+    if acc.get("paired_difference_ci95"):
+        lo, hi = acc["paired_difference_ci95"]
+        out.append(f"- success paired against ar (heisd - ar): 95 % CI {100 * lo:+.0f} to {100 * hi:+.0f} points, "
+                   f"McNemar exact p {_f(acc['mcnemar_p'], '.3f')}")
     w = acc.get("heisd_steps_by_source")
     if w and not (acc["speedup_at_least_2.5x"] and acc["p95_speedup_at_least_1.5x"]):
         out.append(f"- where heisd's steps went (the speed follows the mode mix and the per-mode costs above): drafter "

@@ -37,13 +37,11 @@ from heisd_ros.tools.eval_evidence import (
     paired_success,
     shadow_deviation,
 )
+from heisd_ros.tools.eval_targets import acceptance
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize")
 LOSSLESS = ("ar", "drafter", "retrieval")
 """Methods whose tokens equal greedy AR decoding by construction (strict acceptance, no skip)."""
-TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedup_vs_ar": 1.5, "accept_length": 4.5}
-"""The acceptance targets of `heisd` against `ar` of the same run: mean step 2.5x faster, p95 step
-1.5x faster, accept length (the paper's) 4.5, success within 5 points."""
 
 
 def jsonable(x: Any) -> Any:
@@ -408,37 +406,3 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
     meta["bootstrap"] = bootstrap_meta(len(ar_pairs), all_paired, unit="(task, init state) episode")
     meta["acceptance"] = acceptance(report)
     return jsonable({**report, "_meta": meta})
-
-
-def acceptance(report: dict[str, Any]) -> dict[str, Any]:
-    """The TARGETS check of `heisd` against `ar` of the same run (not evaluated without both)."""
-    h, ar = report.get("heisd"), report.get("ar")
-    if not h or not ar or not h["steps"] or not ar["steps"]:
-        return {"evaluated": False, "why": "needs both ar and heisd in the run"}
-    gap = 100.0 * (ar["success_rate"] - h["success_rate"])
-    where: dict[str, float] = {}
-    b = h.get("boundary")
-    if b and b["steps"]:  # why a speed target is missed starts with where the steps went
-        n = b["steps"]
-        where = {"drafter_below_tau": b["below_tau"].get("drafter", 0) / n,
-                 "drafter_at_or_above_tau": b["at_or_above_tau"].get("drafter", 0) / n,
-                 "drafter_no_window": b["no_window"].get("drafter", 0) / n,
-                 "retrieval": h["mode_mix"].get("retrieval", 0.0), "skip": h["mode_mix"].get("skip", 0.0)}
-    return {
-        "evaluated": True,
-        "success_comparison_meaningful": ar["successes"] + h["successes"] > 0,
-        "ar_success_rate": ar["success_rate"],
-        "ar_success_rate_ci95": ar["success_rate_ci95"],
-        "heisd_success_rate": h["success_rate"],
-        "heisd_success_rate_ci95": h["success_rate_ci95"],
-        "success_gap_points": gap,
-        "success_within_5_points": gap <= TARGETS["success_within_points_of_ar"],
-        "heisd_speedup_vs_ar": h["speedup_vs_ar"],
-        "heisd_speedup_vs_ar_ci95": h["speedup_vs_ar_ci95"],
-        "speedup_at_least_2.5x": h["speedup_vs_ar"] >= TARGETS["speedup_vs_ar"],
-        "heisd_p95_speedup_vs_ar": h["p95_speedup_vs_ar"],
-        "p95_speedup_at_least_1.5x": h["p95_speedup_vs_ar"] >= TARGETS["p95_speedup_vs_ar"],
-        "heisd_accept_length": h["accept_length"],
-        "accept_length_at_least_4.5": h["accept_length"] >= TARGETS["accept_length"],
-        "heisd_steps_by_source": where,
-    }

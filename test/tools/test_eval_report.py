@@ -77,6 +77,7 @@ def test_summary_figures() -> None:
     assert "p95 step >= 1.5x faster than ar" in text and "Accept length (the paper's)" in text
     # the published LIBERO-Object rows beside this run's, with the hardware difference said
     assert "| HeiSD paper (OpenVLA-7B, A100) | heisd | 71.0% | 2.45x | 4.94 |" in text
+    assert "- mean thread CPU time >= 2.5x less than ar's: " in text and "McNemar exact p" in text
     assert "| this run | heisd | 50.0% (2 ep.) | 2.25x | 2.43 |" in text and "not step times" in text
     other = build_report(_run(), ["ar", "heisd"], {"suite": "libero_90"})
     assert "published" not in markdown(other)

@@ -1,0 +1,59 @@
+"""The targets an `heisd eval-libero` report checks `heisd` against, on `ar` of the same run.
+
+Speed is a ratio of mean step times, by wall time and by thread CPU time (immune to preemption);
+success is compared on the same (task, init state) pairs; the evidence (strict-step agreement,
+contention) decides whether the wall-time figures can be read at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedup_vs_ar": 1.5, "accept_length": 4.5,
+           "drafter_speedup_vs_ar": 1.15}
+"""heisd against ar of the same run: mean step 2.5x faster (by wall and by CPU time), p95 step 1.5x
+faster, accept length (the paper's) 4.5, success within 5 points; the drafter 1.15x faster."""
+
+
+def acceptance(report: dict[str, Any]) -> dict[str, Any]:
+    """The TARGETS check of `heisd` (and `drafter`) against `ar` of the same run (not evaluated without both)."""
+    h, ar = report.get("heisd"), report.get("ar")
+    if not h or not ar or not h["steps"] or not ar["steps"]:
+        return {"evaluated": False, "why": "needs both ar and heisd in the run"}
+    gap = 100.0 * (ar["success_rate"] - h["success_rate"])
+    where: dict[str, float] = {}
+    b = h.get("boundary")
+    if b and b["steps"]:  # why a speed target is missed starts with where the steps went
+        n = b["steps"]
+        where = {"drafter_below_tau": b["below_tau"].get("drafter", 0) / n,
+                 "drafter_at_or_above_tau": b["at_or_above_tau"].get("drafter", 0) / n,
+                 "drafter_no_window": b["no_window"].get("drafter", 0) / n,
+                 "retrieval": h["mode_mix"].get("retrieval", 0.0), "skip": h["mode_mix"].get("skip", 0.0)}
+    paired = h.get("paired_vs_ar") or {}
+    drafter = report.get("drafter") or {}
+    cpu = h.get("speedup_vs_ar_cpu")
+    return {
+        "evaluated": True,
+        "success_comparison_meaningful": ar["successes"] + h["successes"] > 0,
+        "ar_success_rate": ar["success_rate"],
+        "ar_success_rate_ci95": ar["success_rate_ci95"],
+        "heisd_success_rate": h["success_rate"],
+        "heisd_success_rate_ci95": h["success_rate_ci95"],
+        "success_gap_points": gap,
+        "success_within_5_points": gap <= TARGETS["success_within_points_of_ar"],
+        "paired_difference_ci95": paired.get("difference_ci95"),
+        "mcnemar_p": paired.get("mcnemar_p"),
+        "heisd_speedup_vs_ar": h["speedup_vs_ar"],
+        "heisd_speedup_vs_ar_ci95": h["speedup_vs_ar_ci95"],
+        "speedup_at_least_2.5x": h["speedup_vs_ar"] >= TARGETS["speedup_vs_ar"],
+        "heisd_cpu_speedup_vs_ar": cpu,
+        "cpu_speedup_at_least_2.5x": cpu is not None and cpu >= TARGETS["speedup_vs_ar"],
+        "heisd_p95_speedup_vs_ar": h["p95_speedup_vs_ar"],
+        "p95_speedup_at_least_1.5x": h["p95_speedup_vs_ar"] >= TARGETS["p95_speedup_vs_ar"],
+        "heisd_accept_length": h["accept_length"],
+        "accept_length_at_least_4.5": h["accept_length"] >= TARGETS["accept_length"],
+        "drafter_speedup_vs_ar": drafter.get("speedup_vs_ar"),
+        "drafter_at_least_1.15x": (drafter.get("speedup_vs_ar") is not None
+                                   and drafter["speedup_vs_ar"] >= TARGETS["drafter_speedup_vs_ar"]),
+        "heisd_steps_by_source": where,
+    }
