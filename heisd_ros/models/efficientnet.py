@@ -74,6 +74,10 @@ class EfficientNetBackbone(nn.Module):
         self.net = build_lite0(pretrained)
         self.out_dim = OUT_DIM
         self.frozen = frozen
+        self.package_weights = pretrained and frozen
+        """Its weights are the package's, exactly, whatever a model is trained or saved in: a saved
+        VLA leaves them out (the committed copy then holds only what training changed) and a load
+        rebuilds them from the package, in float32 as training saw them."""
         if frozen:
             self.net.requires_grad_(False)
         self.train(False)

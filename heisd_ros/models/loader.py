@@ -155,7 +155,8 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = getattr(getattr(model, "language_model", None), "config", None)
     allowed = {"language_model.lm_head.weight"} if tied is not None and tied.tie_word_embeddings else set()
-    missing = [m for m in missing if m not in allowed]
+    package = getattr(getattr(model, "vision_backbone", None), "package_weights", False)
+    missing = [m for m in missing if m not in allowed and not (package and m.startswith("vision_backbone."))]
     if missing or unexpected:
         raise ModelLoadError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
 

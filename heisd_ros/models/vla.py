@@ -111,6 +111,8 @@ def _efficientnet_backbone(cfg: VLAConfig) -> nn.Module:
 
 
 VISION_BACKBONES = {"tinyconv": TinyConvBackbone, "efficientnet_lite0": _efficientnet_backbone}
+PACKAGE_BACKBONE_PREFIX = "vision_backbone."
+"""The state-dict prefix a save leaves out when the backbone holds its package's frozen weights."""
 
 
 class VLAModel(nn.Module):
@@ -289,6 +291,8 @@ class VLAModel(nn.Module):
         # lm_head may be tied to the embeddings; safetensors refuses shared storage.
         if self.language_model.config.tie_word_embeddings:
             state.pop("language_model.lm_head.weight", None)
+        if getattr(self.vision_backbone, "package_weights", False):  # rebuilt from its package on load
+            state = {k: v for k, v in state.items() if not k.startswith(PACKAGE_BACKBONE_PREFIX)}
         save_file(state, str(d / "model.safetensors"))
         if self.cfg.tokenizer == "hf" and isinstance(self.text_tokenizer, HFTokenizer):
             self.text_tokenizer._tok.save_pretrained(str(d))

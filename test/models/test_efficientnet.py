@@ -92,3 +92,37 @@ def test_mini_vla_retrieval_query_pools_every_view_of_the_backbone() -> None:
         one, _ = embed_views(vla, views, query_views=1)
     assert query.shape == (2 * OUT_DIM,) and one.shape == (OUT_DIM,) and patches.shape == (2, 4, OUT_DIM)
     assert np.linalg.norm(query) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_saved_mini_vla_leaves_out_the_package_backbone_and_loads_it_back(tmp_path) -> None:
+    """The frozen ImageNet weights ship in their pip package: a save holds only what training changed."""
+    from safetensors.torch import load_file
+
+    from heisd_ros.core.action_tokenizer import NormStats
+    from heisd_ros.models.loader import load_vla
+    from heisd_ros.models.text_tokenizer import HashWordTokenizer
+    from heisd_ros.models.vla import VLAModel
+    from heisd_ros.tools.train_vla import TrainVLAConfig, mini_vla_config
+
+    stats = {"default": NormStats(-np.ones(7), np.ones(7), np.array([True] * 6 + [False]))}
+    small = dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64, hash_text_ids=16, image_size=64)
+    torch.manual_seed(0)
+    vla = VLAModel(mini_vla_config(TrainVLAConfig(**small)), stats, HashWordTokenizer(16))
+    vla.save_pretrained(tmp_path / "m")
+    saved = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert saved and not any(k.startswith("vision_backbone.") for k in saved)
+    assert any(k.startswith("projector.") for k in saved)
+    back = load_vla(tmp_path / "m")
+    for name, tensor in vla.state_dict().items():  # every tensor, the backbone's from the package
+        assert torch.equal(back.state_dict()[name], tensor), name
+    # a file from before (backbone inside) still loads, and a missing projector is still refused
+    full = {k: v.contiguous() for k, v in vla.state_dict().items()}
+    from safetensors.torch import save_file
+
+    save_file(full, str(tmp_path / "m" / "model.safetensors"))
+    assert torch.equal(load_vla(tmp_path / "m").projector[0].weight, vla.projector[0].weight)
+    save_file({k: v for k, v in saved.items() if not k.startswith("projector.")}, str(tmp_path / "m" / "model.safetensors"))
+    from heisd_ros.core.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="missing tensors"):
+        load_vla(tmp_path / "m")
