@@ -32,14 +32,16 @@ fi
 if stage screen; then  # ar, 10 tasks x init 30-33: $O/screen.{json,md}
     bash scripts/mini_screen.sh $O/mini_vla_prior $O/screen
 fi
-if stage drafter; then  # drafter and a one-view database side by side
-    $H train-drafter --model $O/mini_vla --demos $D --out $O/mini_drafter --steps 600 --seed 0 --tasks 0-9 --threads 1 &
+if stage drafter; then  # drafter (on the policy's own greedy tokens, prior included) and a one-view database
+    $H train-drafter --model $O/mini_vla_prior --demos $D --out $O/mini_drafter --steps 600 --seed 0 --tasks 0-9 \
+        --cache-dir $O/mini_vla_features --threads 1 --no-progress &
     $H build-db --model $O/mini_vla --demos $D --out $O/mini_db_1v --tasks 0-9 --fresh --threads 1 --query-views 1
     wait
 fi
-if stage calibrate; then
+if stage calibrate; then  # the fitted point; PIN="--pin-tau T ..." writes a chosen one (docs/eval_libero.md)
+    # shellcheck disable=SC2086
     $H calibrate --model $O/mini_vla_prior --db $O/mini_db_1v --demos $D --tasks 0-9 --threads 2 \
-        --out $O/mini_calibration.json --plots $O/mini_calibration_plots
+        --cache-dir $O/mini_vla_features --out $O/mini_calibration.json --plots $O/mini_calibration_plots ${PIN:-}
 fi
 # The compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed), only with
 # PUBLISH=1: a rebuild is not bit-identical (training is not deterministic across machines), so it
