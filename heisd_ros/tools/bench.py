@@ -57,8 +57,10 @@ def step_floor_ms(st: StepStats) -> float:
 
 
 def profile(stats: list[StepStats]) -> dict:
-    """Per-stage means/medians and, per mode, step time against its floor: mean step / mean floor,
-    and the median ratio of step time to floor."""
+    """Per-stage means/medians and, per mode, step time against its floor (mean step / mean floor,
+    and the median ratio of step time to floor) and the LLM's cost split: the first forward of a
+    step (the prefill, with the tree it verifies), the forwards after it (single-token decodes in
+    ar), and the share of the mean step the LLM's forwards take."""
     out: dict = {"stage_mean_ms": {}, "stage_median_ms": {}, "modes": {}}
     for k in PROFILE_STAGES:
         vals = [s.latency_ms.get(k, 0.0) for s in stats]
@@ -69,6 +71,8 @@ def profile(stats: list[StepStats]) -> dict:
         sel = [s for s in stats if s.mode == mode]
         ratios = [s.latency_ms["total"] / max(step_floor_ms(s), 1e-6) for s in sel]
         step_ms, floor = [s.latency_ms["total"] for s in sel], [step_floor_ms(s) for s in sel]
+        prefill = [s.forward_ms[0] if s.forward_ms else 0.0 for s in sel]
+        decodes = [sum(s.forward_ms[1:]) for s in sel]
         out["modes"][mode] = {
             "steps": len(sel),
             "mean_step_ms": float(np.mean(step_ms)),
@@ -78,6 +82,9 @@ def profile(stats: list[StepStats]) -> dict:
             "median_floor_ms": float(np.median(floor)),
             "median_ratio_to_floor": float(np.median(ratios)),
             "forwards_per_step": float(np.mean([s.llm_forwards for s in sel])),
+            "prefill_mean_ms": float(np.mean(prefill)),
+            "decodes_mean_ms": float(np.mean(decodes)),
+            "llm_share": float((np.mean(prefill) + np.mean(decodes)) / max(np.mean(step_ms), 1e-6)),
         }
     return out
 
@@ -299,14 +306,15 @@ def print_profile(report: dict) -> None:
         st = r["profile"]["stage_mean_ms"]
         print(f"{name:<10} " + " ".join(f"{st[c]:>9.2f}" for c in cols))
     print(f"\n{'method':<10} {'mode':<10} {'steps':>5} {'mean ms':>8} {'floor':>7} {'ratio':>6} "
-          f"{'median ms':>9} {'floor':>7} {'ratio':>6} {'fwd/step':>8}")
+          f"{'median ms':>9} {'floor':>7} {'ratio':>6} {'fwd/step':>8} {'prefill':>8} {'decodes':>8} {'LLM %':>6}")
     for name, r in report.items():
         if name.startswith("_") or "profile" not in r:
             continue
         for mode, m in r["profile"]["modes"].items():
             print(f"{name:<10} {mode:<10} {m['steps']:>5} {m['mean_step_ms']:>8.2f} {m['mean_floor_ms']:>7.2f} "
                   f"{m['mean_ratio_to_floor']:>6.2f} {m['median_step_ms']:>9.2f} {m['median_floor_ms']:>7.2f} "
-                  f"{m['median_ratio_to_floor']:>6.2f} {m['forwards_per_step']:>8.2f}")
+                  f"{m['median_ratio_to_floor']:>6.2f} {m['forwards_per_step']:>8.2f} {m['prefill_mean_ms']:>8.2f} "
+                  f"{m['decodes_mean_ms']:>8.2f} {m['llm_share']:>6.1%}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -101,3 +101,17 @@ def test_pacer_sleeps_to_the_next_tick_and_skips_ticks_an_overrun_covered():
 def test_invalid_pace_or_threads_are_refused(flag):
     with pytest.raises(SystemExit):
         main(["--model", "tiny", *flag])
+
+
+def test_profile_splits_the_llm_cost_into_prefill_and_decodes():
+    """The first forward of a step is its prefill, the rest its decodes; the LLM share is their sum
+    over the mean step."""
+    from heisd_ros.core.types import StepStats
+    from heisd_ros.tools.bench import profile
+
+    steps = [StepStats(mode="ar", llm_forwards=7, latency_ms={"total": 100.0 + i, "vision": 20.0},
+                       forward_ms=[30.0 + i] + [6.0] * 6) for i in range(2)]
+    ar = profile(steps)["modes"]["ar"]
+    assert ar["prefill_mean_ms"] == pytest.approx(30.5)
+    assert ar["decodes_mean_ms"] == pytest.approx(36.0)
+    assert ar["llm_share"] == pytest.approx(66.5 / 100.5)
