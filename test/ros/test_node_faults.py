@@ -82,6 +82,8 @@ def faulty_decoder(cfg):
 
 
 _moves = itertools.count(1)
+SWEEP = 1000
+"""Sets per one-way sweep of the pose along x (1 m in 1 mm steps)."""
 
 
 def make_rig(ctx) -> NodeRig:
@@ -90,8 +92,12 @@ def make_rig(ctx) -> NodeRig:
 
 
 def publish(rig: NodeRig) -> float:
-    """One synchronised set, the pose 1 mm further along x than the last one."""
-    return rig.publish_set(pos=(0.001 * next(_moves), 0.2, 0.1))
+    """One synchronised set, the pose 1 mm along x from the last one, sweeping 0..1 m back and forth:
+    the module publishes thousands of sets (more the slower the machine: they stream while each
+    policy_node starts), and a pose that kept going would leave the node's input workspace box
+    (input_limits.workspace_max_m, 2 m), where every step is refused."""
+    k = next(_moves) % (2 * SWEEP)
+    return rig.publish_set(pos=(0.001 * min(k, 2 * SWEEP - k), 0.2, 0.1))
 
 
 @pytest.fixture
@@ -218,6 +224,27 @@ def _policy_node_exe() -> str:
     return found
 
 
+def _no_commands(proc: subprocess.Popen, rig: NodeRig, n0: int, n_diag: int) -> str:
+    """Why a policy_node run gave too few commands: whether it had exited, the commands that came,
+    the node's last diagnostics (its rejected steps by kind) and its output (terminated to get it)."""
+    code = proc.poll()
+    if code is None:
+        proc.terminate()
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    exited = f"it had exited with code {code}" if code is not None else "it was still running (terminated)"
+    commands = [(c.decode_mode, c.method, c.step_id) for c in rig.commands[n0:]]
+    keys = ("commanding", "instruction", "steps", "rejected", "dropped_ticks", "decode_median_ms", "watchdog",
+            "watchdog_trips", "last_error")  # fmt: skip
+    status = [(lvl, msg, {k: v.get(k) for k in keys}) for lvl, msg, v in rig.policy_status(n_diag)[-2:]]
+    return (f"{exited}; {len(commands)} command(s) (mode, method, step): {commands}\n"
+            f"last diagnostics (level, message, values): {status}\n"
+            f"stdout (tail):\n{out[-3000:]}\nstderr (tail):\n{err[-3000:]}")
+
+
 @pytest.mark.parametrize("sig", list(SHUTDOWN_RUNS), ids=lambda s: signal.Signals(s).name)
 def test_signal_mid_run_exits_0_without_traceback_or_rosout_errors(files, sig):
     """policy_node decoding a stream at 30 Hz, signalled at a random moment (a step is often in
@@ -237,11 +264,12 @@ def test_signal_mid_run_exits_0_without_traceback_or_rosout_errors(files, sig):
         for run in range(SHUTDOWN_RUNS[sig]):
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             try:
-                n0, deadline = len(rig.commands), time.monotonic() + 60.0
+                n0, n_diag, deadline = len(rig.commands), len(rig.diags), time.monotonic() + 60.0
                 while len(rig.commands) < n0 + 5 and time.monotonic() < deadline and proc.poll() is None:
                     publish(rig)
                     time.sleep(1 / 30)
-                assert len(rig.commands) >= n0 + 5, f"run {run}: the node never commanded"
+                if len(rig.commands) < n0 + 5:
+                    pytest.fail(f"run {run}: fewer than 5 commands\n{_no_commands(proc, rig, n0, n_diag)}")
                 signal_at = time.monotonic() + rng.uniform(0.0, 0.5)
                 while time.monotonic() < signal_at:
                     publish(rig)
