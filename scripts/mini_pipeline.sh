@@ -46,7 +46,11 @@ fi
 # The compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed), only with
 # PUBLISH=1: a rebuild is not bit-identical (training is not deterministic across machines), so it
 # would silently replace the shipped policy. Each published copy adds about 45 MB to the git history.
+# With it, the screen of the published policy becomes benchmarks/mini_vla_screen.{jsonl.gz,json,md}.
 if [ "${PUBLISH:-0}" = 1 ]; then
     $H publish-mini --model $O/mini_vla_prior --drafter $O/mini_drafter \
         --calibration $O/mini_calibration.json --out models/mini_libero
+    gzip -9 -n -c $O/screen.jsonl > benchmarks/mini_vla_screen.jsonl.gz
+    $H eval-libero --report-from benchmarks/mini_vla_screen.jsonl.gz --purpose calibration --tasks 0-9 \
+        --init-states 30-33 --methods ar --out benchmarks/mini_vla_screen.json --plots ''
 fi
