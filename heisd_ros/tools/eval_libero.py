@@ -79,8 +79,10 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
                # one revision a run: a log resumed by other code is refused (a new revision is a new run)
                git_rev=source_revision())
     log = ResultLog(cfg.log_path, key)
-    # First, so that a process stopped before its `session` line still names its revision.
-    log.append({"kind": "session_start", "command": command, "git_rev": git_revision(),
+    # First, so that a process stopped before its `session` line still names its revision. Read
+    # once: the code of this process is the revision it started at, whatever is committed meanwhile.
+    rev = git_revision()
+    log.append({"kind": "session_start", "command": command, "git_rev": rev,
                 "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     for rec in log.episodes:  # resume an online method: the thresholds an uninterrupted run would have
         if rec["method"] in pol.online:
@@ -99,7 +101,7 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
         bar.close()
         db_points = count_or_none(pol.store)
         pol.close()
-        session = {"kind": "session", "command": command, "git_rev": git_revision(), "episodes_run": n_run,
+        session = {"kind": "session", "command": command, "git_rev": rev, "episodes_run": n_run,
                    "db_points": db_points,
                    "wall_s": round(time.perf_counter() - t_start, 1),
                    "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -108,7 +108,7 @@ class ResultLog:
 
     def _keep(self, records: list[dict[str, Any]]) -> None:
         self.episodes = [r for r in records if r.get("kind") == "episode"]
-        self.sessions = [r for r in records if r.get("kind") == "session"]
+        self.sessions = []
         # A process writes `session_start` first and its `session` line last: a start followed by
         # another start (or the end of the log) was stopped; its episodes are still in the log.
         self.stopped: list[dict[str, Any]] = []
@@ -120,6 +120,9 @@ class ResultLog:
                     self.stopped.append(open_start)
                 open_start = {**r, "episodes_logged": 0}
             elif kind == "session":
+                # The revision a process ran is the one it started at (older logs wrote HEAD at
+                # the end on this line, which a commit made during the run moves).
+                self.sessions.append(r if open_start is None else {**r, "git_rev": open_start["git_rev"]})
                 open_start = None
             elif kind == "episode" and open_start is not None:
                 open_start["episodes_logged"] += 1

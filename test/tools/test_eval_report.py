@@ -238,3 +238,18 @@ def test_a_process_stopped_before_its_end_line_still_names_its_revision(tmp_path
     text = markdown(build_report(run[:3], ["ar", "heisd"], meta))
     assert "- `shard a` (2 episodes, git `aaaa`" in text and "Stopped before their end" in text
     assert "- `shard a, resumed` (1 episodes, git `bbbb`)" in text
+
+
+def test_a_session_names_the_revision_it_started_at_not_one_committed_during_it(tmp_path: Path) -> None:
+    """A commit made while a process runs moves HEAD, not the code the process loaded: the report
+    names a session by its start line's revision (older logs wrote HEAD at the end)."""
+    path = tmp_path / "r.jsonl"
+    log = ResultLog(path, {"max_steps": 5})
+    run = _run()
+    log.append({"kind": "session_start", "command": "shard a", "git_rev": "aaaa"})
+    log.append(run[0])
+    log.append({"kind": "session", "command": "shard a", "git_rev": "bbbb", "episodes_run": 1})
+    sessions = ResultLog.read(path).sessions
+    assert [(x["command"], x["git_rev"]) for x in sessions] == [("shard a", "aaaa")]
+    text = markdown(build_report(run[:1], ["ar", "heisd"], {"invocations": sessions}))
+    assert "git `aaaa`" in text and "bbbb" not in text
