@@ -2,7 +2,8 @@
 # Rebuild the LIBERO-Object mini policy (docs/mini_vla.md): expert demos -> mini VLA -> state prior
 # -> screen, then drafter + database -> calibration. Run from the repository root after `make setup`.
 # About 2 h on 2 cores. Every stage is resumable or cached: rerun the same command after an
-# interruption. STAGE=demos|vla|prior|screen|drafter|calibrate runs one stage (default: all).
+# interruption. STAGE=demos|vla|prior|screen|drafter|calibrate runs one stage (default: all);
+# STAGE=publish PUBLISH=1 publishes what the stages made.
 # OUT=artifacts by default; STEPS=3000 VLA steps; PUBLISH=1 also replaces the committed models/mini_libero.
 set -euo pipefail
 H=".venv/bin/python -m heisd_ros.tools.cli"
@@ -46,11 +47,13 @@ fi
 # The compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed), only with
 # PUBLISH=1: a rebuild is not bit-identical (training is not deterministic across machines), so it
 # would silently replace the shipped policy. Each published copy adds about 45 MB to the git history.
-# With it, the screen of the published policy becomes benchmarks/mini_vla_screen.{jsonl.gz,json,md}.
+# The published copy's weights are rounded to bfloat16, so it is screened again (STAGE=publish runs
+# this alone): that screen becomes benchmarks/mini_vla_screen.{jsonl.gz,json,md}.
 if [ "${PUBLISH:-0}" = 1 ]; then
     $H publish-mini --model $O/mini_vla_prior --drafter $O/mini_drafter \
         --calibration $O/mini_calibration.json --out models/mini_libero
-    gzip -9 -n -c $O/screen.jsonl > benchmarks/mini_vla_screen.jsonl.gz
+    bash scripts/mini_screen.sh models/mini_libero/vla $O/published_screen
+    gzip -9 -n -c $O/published_screen.jsonl > benchmarks/mini_vla_screen.jsonl.gz
     $H eval-libero --report-from benchmarks/mini_vla_screen.jsonl.gz --purpose calibration --tasks 0-9 \
         --init-states 30-33 --methods ar --out benchmarks/mini_vla_screen.json --plots ''
 fi
