@@ -2,9 +2,9 @@
 # Rebuild the LIBERO-Object mini policy (docs/mini_vla.md): expert demos -> mini VLA -> state prior
 # -> screen, then drafter + database -> calibration. Run from the repository root after `make setup`.
 # About 2 h on 2 cores. Every stage is resumable or cached: rerun the same command after an
-# interruption. STAGE=demos|vla|prior|screen|drafter|calibrate runs one stage (default: all);
-# STAGE=publish PUBLISH=1 publishes what the stages made.
-# OUT=artifacts by default; STEPS=3000 VLA steps; PUBLISH=1 also replaces the committed models/mini_libero.
+# interruption. STAGE=demos|vla|prior|screen|drafter|calibrate runs one stage (default: all).
+# OUT=artifacts by default; STEPS=3000 VLA steps; PUBLISH=1 also replaces the committed models/mini_libero
+# (STAGE=publish PUBLISH=1: that alone); STAGE=published screens the committed copy.
 set -euo pipefail
 H=".venv/bin/python -m heisd_ros.tools.cli"
 O=${OUT:-artifacts}
@@ -46,12 +46,15 @@ if stage calibrate; then  # the fitted point; PIN="--pin-tau T ..." writes a cho
 fi
 # The compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed), only with
 # PUBLISH=1: a rebuild is not bit-identical (training is not deterministic across machines), so it
-# would silently replace the shipped policy. Each published copy adds about 45 MB to the git history.
-# The published copy's weights are rounded to bfloat16, so it is screened again (STAGE=publish runs
-# this alone): that screen becomes benchmarks/mini_vla_screen.{jsonl.gz,json,md}.
+# would silently replace the shipped policy. Each published copy adds about 30 MB to the git history.
 if [ "${PUBLISH:-0}" = 1 ]; then
     $H publish-mini --model $O/mini_vla_prior --drafter $O/mini_drafter \
         --calibration $O/mini_calibration.json --out models/mini_libero
+fi
+# The published copy's weights are rounded to bfloat16, so it is screened again, only when named
+# (STAGE=published) and after models/mini_libero is committed, so that the screen's log names a
+# revision that holds the policy it ran: benchmarks/mini_vla_screen.{jsonl.gz,json,md}.
+if [ "${STAGE:-all}" = published ]; then
     bash scripts/mini_screen.sh models/mini_libero/vla $O/published_screen
     gzip -9 -n -c $O/published_screen.jsonl > benchmarks/mini_vla_screen.jsonl.gz
     $H eval-libero --report-from benchmarks/mini_vla_screen.jsonl.gz --purpose calibration --tasks 0-9 \
