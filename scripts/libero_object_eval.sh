@@ -68,23 +68,21 @@ if stage fit; then
 fi
 
 # The candidates, fixed before the point run: around a centre (tau at the median of the closed
-# loop's positive F, min_S 0.98, N_max 6) tau 0 / q25 / q50 / q75, min_S 0.97 / 0.99 and N_max 3;
-# plain `heisd` is the offline-fitted point. Every candidate on 50 episodes with the shadow of greedy ar.
+# loop's positive F, min_S 0.98, N_max 6) tau 0 / q25 / q50 / q75, min_S 0.97 / 0.99 and N_max 3,
+# and the most skipping corner (tau 0, min_S 0.97). Every candidate on 50 episodes with the shadow of
+# greedy ar; `heisd choose-point` takes the fastest one within its bounds.
 candidates() {
     local q
     q=$(.venv/bin/python -c "import json; f = json.load(open('$E/calibration_fitted.json'))['meta']['f_closed_loop']
 print(' '.join(str(f['positive_quantiles'][k]) for k in ('0.25', '0.5', '0.75')))")
     read -r q25 q50 q75 <<< "$q"
-    local skip='verify_skip.enabled=true,verify_skip.min_similarity'
-    echo "t0=heisd:fused_metric.tau=0,$skip=0.98,verify_skip.max_consecutive_skips=6;\
-t25=heisd:fused_metric.tau=$q25,$skip=0.98,verify_skip.max_consecutive_skips=6;\
-t50=heisd:fused_metric.tau=$q50,$skip=0.98,verify_skip.max_consecutive_skips=6;\
-t75=heisd:fused_metric.tau=$q75,$skip=0.98,verify_skip.max_consecutive_skips=6;\
-t50s97=heisd:fused_metric.tau=$q50,$skip=0.97,verify_skip.max_consecutive_skips=6;\
-t50s99=heisd:fused_metric.tau=$q50,$skip=0.99,verify_skip.max_consecutive_skips=6;\
-t50n3=heisd:fused_metric.tau=$q50,$skip=0.98,verify_skip.max_consecutive_skips=3"
+    local point
+    point() { printf %s "$1=heisd:fused_metric.tau=$2,verify_skip.enabled=true,verify_skip.min_similarity=$3,\
+verify_skip.max_consecutive_skips=$4;"; }
+    point t0 0 0.98 6; point t25 "$q25" 0.98 6; point t50 "$q50" 0.98 6; point t75 "$q75" 0.98 6
+    point t50s97 "$q50" 0.97 6; point t50s99 "$q50" 0.99 6; point t50n3 "$q50" 0.98 3; point t0s97 0 0.97 6
 }
-POINT_METHODS=ar,heisd,t0,t25,t50,t75,t50s97,t50s99,t50n3
+POINT_METHODS=ar,t0,t25,t50,t75,t50s97,t50s99,t50n3,t0s97
 
 if stage point; then
     shards $E/point 20-24 $E/calibration_fitted.json $POINT_METHODS "$(candidates)" --purpose calibration
