@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from heisd_ros.pipeline.figures import mcnemar_exact_p, paired_difference_interval
@@ -146,3 +147,16 @@ def test_report_and_markdown_carry_the_evidence_fields() -> None:
     for needle in ("strict-step agreement with ar: 1 / 1", "first observation equal to ar's in 1 / 1 pairs",
                    "quiet", "McNemar", "Shadow of ar", "| heisd | skip |", "Where the time goes"):
         assert needle in text, needle
+
+
+def test_a_step_record_keeps_times_to_a_tenth_of_a_millisecond_and_the_shadow() -> None:
+    from heisd_ros.core.types import StepStats
+    from heisd_ros.tools.eval_episodes import step_record
+
+    st = StepStats(mode="retrieval", llm_forwards=1, tokens_per_forward=[7], forward_ms=[16.5349],
+                   latency_ms={"vision": 10.04, "total": 48.7462}, fused_metric=0.12345678, tokens=(1, 2, 3, 4, 5, 6, 7))
+    rec = step_record(3, st, cpu_ms=34.8649, sim_ms=65.24, ee_pos=np.array([0.1, -0.2, 0.3]), digest="ab",
+                      shadow=(1, 2, 3, 4, 5, 6, 9))
+    assert rec["ms"] == {"vision": 10.0, "total": 48.7} and rec["fwd_ms"] == [16.5] and rec["cpu_ms"] == 34.9
+    assert rec["F"] == 0.1235 and rec["tokens"] == [1, 2, 3, 4, 5, 6, 7] and rec["shadow"] == [1, 2, 3, 4, 5, 6, 9]
+    assert rec["t"] == 3 and rec["digest"] == "ab" and rec["sim_ms"] == 65.2
