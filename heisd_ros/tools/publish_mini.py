@@ -3,6 +3,7 @@
 Usage:
     heisd publish-mini [--model artifacts/mini_vla] [--drafter artifacts/mini_drafter]
                        [--calibration artifacts/mini_calibration.json] [--out models/mini_libero]
+    heisd publish-mini --calibration-only --calibration artifacts/eval_object/calibration.json
 
 The pipeline's artifacts are git-ignored and take about an hour to rebuild (scripts/mini_pipeline.sh).
 This writes what a fresh clone needs to run the mini policy, small enough to commit:
@@ -12,6 +13,11 @@ This writes what a fresh clone needs to run the mini policy, small enough to com
 - `drafter/`: the drafter, bfloat16 likewise;
 - `calibration.json`: τ, min_S, O_dist (unchanged);
 - `manifest.json`: where each part came from (paths, sha256 digests, the git revision).
+
+`--calibration-only` replaces the calibration of a published copy and nothing else (the operating
+point `heisd choose-point` picked in closed loop, docs/eval_libero.md): the weights stay the bytes
+they are, and the manifest gains the new file's digest, its source and the command and revision
+that wrote it (`calibration_update`).
 
 The database is not published (hundreds of MB): `heisd demo` rebuilds a one-task database from
 freshly generated demonstrations (docs/mini_vla.md, "The demo on a fresh clone").
@@ -100,13 +106,49 @@ def publish(cfg: PublishConfig) -> dict:
     return manifest
 
 
+def publish_calibration(calibration: str, out: str = PUBLISHED_DIR) -> dict:
+    """Replace the calibration of the published copy at `out` and record it in its manifest."""
+    from heisd_ros.pipeline.outputs import git_revision, hash_file, write_json
+
+    _check_calibration(Path(calibration))
+    root = Path(out)
+    manifest_path = root / "manifest.json"
+    if not published_present(root) or not manifest_path.is_file():
+        raise ConfigError(f"{out} holds no published copy (heisd publish-mini writes one)")
+    manifest = json.loads(manifest_path.read_text())
+    target = published_paths(root)["calibration_path"]
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.copy2(calibration, tmp)
+    tmp.replace(target)
+    digest = hash_file(target).hexdigest()
+    manifest["files"]["calibration.json"] = digest
+    manifest["sources"]["calibration_sha256"] = digest
+    manifest["calibration_update"] = {
+        "command": f"heisd publish-mini --calibration-only --calibration {calibration} --out {out}",
+        "git_revision": git_revision(), "calibration": calibration}
+    write_json(manifest_path, manifest)
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     d = PublishConfig()
     p = argparse.ArgumentParser(prog="heisd publish-mini", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for name in ("model", "drafter", "calibration", "out"):
         p.add_argument(f"--{name}", default=getattr(d, name))
-    cfg = PublishConfig(**vars(p.parse_args(argv)))
+    p.add_argument("--calibration-only", action="store_true",
+                   help="replace only the calibration of the published copy at --out (weights untouched)")
+    args = vars(p.parse_args(argv))
+    calibration_only = args.pop("calibration_only")
+    cfg = PublishConfig(**args)
+    if calibration_only:
+        try:
+            publish_calibration(cfg.calibration, cfg.out)
+        except (ConfigError, OSError, json.JSONDecodeError) as err:
+            print(f"heisd publish-mini: {err}", file=sys.stderr)
+            return 2
+        print(f"publish-mini: calibration {cfg.calibration} -> {cfg.out}/calibration.json")
+        return 0
     manifest = publish(cfg)
     size = sum(f.stat().st_size for f in Path(cfg.out).rglob("*") if f.is_file())
     print(f"publish-mini: {len(manifest['files'])} files, {size / 1e6:.1f} MB -> {cfg.out}")

@@ -152,6 +152,24 @@ def test_publish_mini_round_trip(tmp_path) -> None:
     assert published_present(out)  # a refused publish leaves the old copy
     np.testing.assert_equal(json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"], 0.5)
 
+    # --calibration-only: the new point replaces the old, the weights keep their bytes, the manifest follows
+    import hashlib
+
+    from heisd_ros.tools.publish_mini import main as publish_main
+    (tmp_path / "point.json").write_text(json.dumps({"fused_metric": {"tau": 0.02}, "verify_skip": {"enabled": True}}))
+    assert publish_main(["--calibration-only", "--calibration", str(tmp_path / "point.json"), "--out", str(out)]) == 0
+    after = json.loads((out / "manifest.json").read_text())
+    assert json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"] == 0.02
+    assert after["files"]["vla/model.safetensors"] == manifest["files"]["vla/model.safetensors"]
+    assert after["files"]["calibration.json"] != manifest["files"]["calibration.json"]
+    for rel, digest in after["files"].items():
+        assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == digest, rel
+    assert "--calibration-only" in after["calibration_update"]["command"]
+    assert publish_main(["--calibration-only", "--calibration", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
+    assert publish_main(["--calibration-only", "--calibration", str(tmp_path / "point.json"),
+                         "--out", str(tmp_path / "nothing")]) == 2
+    assert json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"] == 0.02
+
 
 REPO = Path(__file__).resolve().parents[2]
 
