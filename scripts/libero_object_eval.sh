@@ -2,9 +2,9 @@
 # The LIBERO-Object evaluation of benchmarks/libero_object.{json,md} (docs/eval_libero.md, "The
 # current results"): the shipped mini policy, a database of the demonstrations at init states 0-19,
 # the kinematic boundary normalised on the policy's own closed loop (ar at init states 25-29), an
-# operating point chosen by `heisd choose-point` among candidates run at init states 20-24, then
-# every method on all 10 tasks x init states 40-49 (retrieval and the ablations on 40-42), as two
-# shards on two cores. Every stage is resumable: rerun the script after an interruption and it
+# operating point chosen by `heisd choose-point` among candidates run at init states 20-24 and
+# written into models/mini_libero (commit it), then every method at that committed point on all 10
+# tasks x init states 40-49 (retrieval and the ablations on 40-42), as two shards on two cores. Every stage is resumable: rerun the script after an interruption and it
 # continues where it stopped.
 #   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
 set -euo pipefail
@@ -92,10 +92,18 @@ fi
 
 if stage choose; then
     $H choose-point --run $E/point.json --calibration $E/calibration_fitted.json --out $E/calibration.json
+    # The chosen point becomes the shipped calibration: what `make demo` runs is what the report measures.
+    $H publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
+    echo "commit models/mini_libero, then run STAGE=eval from a worktree at that commit"
 fi
 
 if stage eval; then
-    shards $E/eval 40-49 $E/calibration.json ar,drafter,specvla,heisd "$ABLATIONS" \
+    if ! cmp -s $E/calibration.json models/mini_libero/calibration.json || [ -n "$(git status --porcelain -uno)" ]; then
+        echo "the evaluation runs the committed point: models/mini_libero/calibration.json must equal" \
+             "$E/calibration.json and the checkout be clean (commit after STAGE=choose)" >&2
+        exit 2
+    fi
+    shards $E/eval 40-49 models/mini_libero/calibration.json ar,drafter,specvla,heisd "$ABLATIONS" \
         --subset-methods retrieval,heisd_tau0,heisd_noskip,heisd_token,heisd_boundary --subset-init-states 40-42
 fi
 
