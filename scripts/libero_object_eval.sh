@@ -67,10 +67,10 @@ if stage fit; then
         --closed-loop $E/loop.jsonl --out $E/calibration_fitted.json --plots $E/calibration_plots
 fi
 
-# The candidates, fixed before the point run: around a centre (tau at the median of the closed
-# loop's positive F, min_S 0.98, N_max 6) tau 0 / q25 / q50 / q75, min_S 0.97 / 0.99 and N_max 3,
-# and the most skipping corner (tau 0, min_S 0.97). Every candidate on 50 episodes with the shadow of
-# greedy ar; `heisd choose-point` takes the fastest one within its bounds.
+# The candidates, fixed before the point run: around a centre (tau 0, min_S 0.98, N_max 6, no skip
+# where the demonstration switches the gripper within 3 actions) tau at q25 / q50 / q75 of the closed
+# loop's positive F, min_S 0.99 / 0.995, N_max 3, and min_S 0.99 with N_max 3. Every candidate on 50
+# episodes with the shadow of greedy ar; `heisd choose-point` takes the fastest one within its bounds.
 candidates() {
     local q
     q=$(.venv/bin/python -c "import json; f = json.load(open('$E/calibration_fitted.json'))['meta']['f_closed_loop']
@@ -78,11 +78,11 @@ print(' '.join(str(f['positive_quantiles'][k]) for k in ('0.25', '0.5', '0.75'))
     read -r q25 q50 q75 <<< "$q"
     local point
     point() { printf %s "$1=heisd:fused_metric.tau=$2,verify_skip.enabled=true,verify_skip.min_similarity=$3,\
-verify_skip.max_consecutive_skips=$4;"; }
-    point t0 0 0.98 6; point t25 "$q25" 0.98 6; point t50 "$q50" 0.98 6; point t75 "$q75" 0.98 6
-    point t50s97 "$q50" 0.97 6; point t50s99 "$q50" 0.99 6; point t50n3 "$q50" 0.98 3; point t0s97 0 0.97 6
+verify_skip.max_consecutive_skips=$4,verify_skip.gripper_lookahead_steps=3;"; }
+    point g 0 0.98 6; point g25 "$q25" 0.98 6; point g50 "$q50" 0.98 6; point g75 "$q75" 0.98 6
+    point gs99 0 0.99 6; point gs995 0 0.995 6; point gn3 0 0.98 3; point gs99n3 0 0.99 3
 }
-POINT_METHODS=ar,t0,t25,t50,t75,t50s97,t50s99,t50n3,t0s97
+POINT_METHODS=ar,g,g25,g50,g75,gs99,gs995,gn3,gs99n3
 
 if stage point; then
     shards $E/point 20-24 $E/calibration_fitted.json $POINT_METHODS "$(candidates)" --purpose calibration

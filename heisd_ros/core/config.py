@@ -160,6 +160,8 @@ class VerifySkipConfig:
     """O_dist: end-effector distance to the hit's ee_pos allowed for a skip, metres."""
     max_consecutive_skips: int = 3
     """N_max: the live feature must be refreshed by a verified step at least this often."""
+    gripper_lookahead_steps: int = 0
+    """No skip when the hit's demonstration opens or closes the gripper within its next this many actions (0: off, <= 3)."""
     feedback_step: float = 0.005
     """Delta applied to min_S per episode result."""
     distance_shrink: float = 0.9
@@ -179,6 +181,8 @@ class VerifySkipConfig:
         require(0.0 <= dlo <= dhi, "max_distance_bounds_m must satisfy 0 <= lo <= hi")
         require(dlo <= self.max_distance_m <= dhi, "max_distance_m outside max_distance_bounds_m")
         require(0 <= self.max_consecutive_skips <= 100, "max_consecutive_skips must be in [0, 100]")
+        require(0 <= self.gripper_lookahead_steps <= 3,
+                "gripper_lookahead_steps must be in [0, 3] (a database point stores its next 3 actions)")
         require(math.isfinite(self.feedback_step) and self.feedback_step >= 0,
                 f"feedback_step must be finite and >= 0, got {self.feedback_step}")  # fmt: skip
         require(0.0 < self.distance_shrink <= 1.0, "distance_shrink must be in (0, 1]")

@@ -2,8 +2,9 @@
 
 Online, `VerifySkipPolicy.decide` lets a hit skip verification when the live feature of the last
 verified step is close to the hit's `feat_prev` (cosine >= min_S), the end effector is close to the
-hit's position (<= O_dist), the hit keeps the executed gripper state, and fewer than N_max steps in
-a row were skipped. Episode feedback moves min_S and O_dist and persists them atomically.
+hit's position (<= O_dist), the hit keeps the executed gripper state (and, optionally, its
+demonstration does not switch the gripper in the next few actions), and fewer than N_max steps in a
+row were skipped. Episode feedback moves min_S and O_dist and persists them atomically.
 Offline, `calibrate_thresholds` derives min_S and O_dist from database pairs.
 
 This rule is lossy by design: a skipped step executes a demonstration's tokens that the target
@@ -36,6 +37,7 @@ REASON_DISABLED = "disabled"
 REASON_NO_LIVE_FEATURE = "no_live_feature"
 REASON_MAX_CONSECUTIVE = "max_consecutive_skips"
 REASON_GRIPPER = "gripper_mismatch"
+REASON_GRIPPER_AHEAD = "gripper_change_ahead"
 REASON_SIMILARITY = "low_similarity"
 REASON_DISTANCE = "too_far"
 
@@ -104,11 +106,26 @@ class VerifySkipPolicy:
         similarity, distance = self._measure(f_live, hit, ee_pos)
         if last_gripper_token is None or int(hit.action_tokens[GRIPPER_INDEX]) != int(last_gripper_token):
             return SkipDecision(False, REASON_GRIPPER, similarity, distance)
+        if self._gripper_changes_ahead(hit):
+            return SkipDecision(False, REASON_GRIPPER_AHEAD, similarity, distance)
         if similarity < self.min_similarity:
             return SkipDecision(False, REASON_SIMILARITY, similarity, distance)
         if distance > self.max_distance_m:
             return SkipDecision(False, REASON_DISTANCE, similarity, distance)
         return SkipDecision(True, REASON_SKIP, similarity, distance)
+
+    def _gripper_changes_ahead(self, hit: Hit) -> bool:
+        """Whether the demonstration opens or closes the gripper within the next
+        `gripper_lookahead_steps` actions after the hit. A skip keeps the gripper (the check before
+        this one); where the demonstration is about to switch it, the policy usually switches it
+        a step or two earlier or later, so a skip there would hold the gripper against the model.
+        Stored gripper actions are in [-1, 1] (build-db normalises other ranges): a change is a
+        change of sign."""
+        n = self.cfg.gripper_lookahead_steps
+        if n == 0 or not hit.next_actions:
+            return False
+        now = float(hit.action[GRIPPER_INDEX]) > 0.0
+        return any((float(a[GRIPPER_INDEX]) > 0.0) != now for a in hit.next_actions[:n])
 
     @staticmethod
     def _measure(f_live: np.ndarray, hit: Hit, ee_pos: np.ndarray) -> tuple[float, float]:

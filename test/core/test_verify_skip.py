@@ -18,6 +18,7 @@ from heisd_ros.core.verify_skip import (
     REASON_DISABLED,
     REASON_DISTANCE,
     REASON_GRIPPER,
+    REASON_GRIPPER_AHEAD,
     REASON_MAX_CONSECUTIVE,
     REASON_NO_LIVE_FEATURE,
     REASON_SIMILARITY,
@@ -35,14 +36,16 @@ DIST = 2.0**-6
 GRIP = 255
 
 
-def make_hit(feat_prev=FEAT_PREV, ee_pos=(0.0, 0.0, DIST), gripper=GRIP) -> Hit:
+def make_hit(feat_prev=FEAT_PREV, ee_pos=(0.0, 0.0, DIST), gripper=GRIP, next_grippers=()) -> Hit:
+    """A hit whose demonstration holds the gripper closed (+1) now and then takes `next_grippers`."""
     return Hit(
         score=0.9,
         task="t",
         episode=0,
         step=3,
-        action=np.zeros(7),
+        action=np.array([0, 0, 0, 0, 0, 0, 1.0]),
         action_tokens=(10, 11, 12, 13, 14, 15, gripper),
+        next_actions=tuple((0, 0, 0, 0, 0, 0, g) for g in next_grippers),
         feat=np.asarray(feat_prev, dtype=float),
         feat_prev=np.asarray(feat_prev, dtype=float),
         ee_pos=np.asarray(ee_pos, dtype=float),
@@ -114,6 +117,26 @@ def test_reset_episode_clears_the_counter():
     assert not policy.decide(F_LIVE, make_hit(), EE, GRIP).skip
     policy.reset_episode()
     assert policy.decide(F_LIVE, make_hit(), EE, GRIP).skip
+
+
+@pytest.mark.parametrize(("lookahead", "next_grippers", "skips"), [
+    (0, (1.0, -1.0, -1.0), True),     # the guard off: the demo's coming switch does not matter
+    (1, (1.0, -1.0, -1.0), True),     # the switch is 2 actions ahead: beyond a 1-step lookahead
+    (2, (1.0, -1.0, -1.0), False),    # within 2
+    (3, (1.0, 1.0, 1.0), True),       # no switch ahead
+    (3, (), True),                    # the demonstration's last step: nothing ahead
+    (3, (1.0, 1.0, -0.5), False),     # any change of sign counts
+])
+def test_gripper_lookahead_refuses_a_skip_where_the_demonstration_switches_the_gripper(lookahead, next_grippers, skips):
+    d = VerifySkipPolicy(edge_cfg(gripper_lookahead_steps=lookahead)).decide(
+        F_LIVE, make_hit(next_grippers=next_grippers), EE, GRIP)
+    assert d.skip is skips and d.reason == (REASON_SKIP if skips else REASON_GRIPPER_AHEAD)
+
+
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_gripper_lookahead_beyond_the_stored_actions_is_refused(bad):
+    with pytest.raises(Exception, match="gripper_lookahead_steps"):
+        edge_cfg(gripper_lookahead_steps=bad)
 
 
 @pytest.mark.parametrize("last", [GRIP - 1, None])
