@@ -14,10 +14,14 @@ H=".venv/bin/python -m heisd_ros.tools.cli"
 E=artifacts/eval_object
 DEMOS=${DEMOS:-artifacts/demos_db}  # the policy's demonstrations (scripts/mini_pipeline.sh, stage demos)
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} OMP_NUM_THREADS=1
-# The ablations of the run that counts (variants of the chosen point).
+# The ablations of the run that counts (variants of the chosen point): the boundary off (tau 0) and
+# at the balanced fit on the closed loop (one of them is the chosen point's own tau when it is 0 or
+# the fit), verify-skip off, token-level acceptance, the boundary alone (strict, no skip).
 ABLATIONS="heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.enabled=false;"
 ABLATIONS+='heisd_token=heisd:acceptance.retrieval_rule="token";'
 ABLATIONS+='heisd_boundary=heisd:acceptance.retrieval_rule="strict",verify_skip.enabled=false'
+SUBSET=retrieval,heisd_tau0,heisd_taufit,heisd_noskip,heisd_token,heisd_boundary
+tau_fit() { .venv/bin/python -c "import json; print(json.load(open('$E/calibration_fitted.json'))['fused_metric']['tau'])"; }
 COMMON=(--model $E/vla --drafter models/mini_libero/drafter --position-pool 20 --suite libero_object
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
 
@@ -103,13 +107,13 @@ if stage eval; then
              "$E/calibration.json and the checkout be clean (commit after STAGE=choose)" >&2
         exit 2
     fi
-    shards $E/eval 40-49 models/mini_libero/calibration.json ar,drafter,specvla,heisd "$ABLATIONS" \
-        --subset-methods retrieval,heisd_tau0,heisd_noskip,heisd_token,heisd_boundary --subset-init-states 40-42
+    shards $E/eval 40-49 models/mini_libero/calibration.json ar,drafter,specvla,heisd \
+        "$ABLATIONS;heisd_taufit=heisd:fused_metric.tau=$(tau_fit)" --subset-methods $SUBSET --subset-init-states 40-42
 fi
 
 if stage report; then
     gzip -9 -n -c $E/eval.jsonl > benchmarks/libero_object.jsonl.gz
     $H eval-libero --report-from benchmarks/libero_object.jsonl.gz --tasks 0-9 --init-states 40-49 \
-        --methods ar,drafter,specvla,heisd --subset-methods retrieval,heisd_tau0,heisd_noskip,heisd_token,heisd_boundary \
+        --methods ar,drafter,specvla,heisd --subset-methods $SUBSET \
         --subset-init-states 40-42 --out benchmarks/libero_object.json --plots benchmarks/libero_object_plots
 fi
