@@ -3,6 +3,7 @@ strict-step agreement, same start, contention, the shadow of ar, paired success,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -159,4 +160,8 @@ def test_a_step_record_keeps_times_to_a_tenth_of_a_millisecond_and_the_shadow() 
                       shadow=(1, 2, 3, 4, 5, 6, 9))
     assert rec["ms"] == {"vision": 10.0, "total": 48.7} and rec["fwd_ms"] == [16.5] and rec["cpu_ms"] == 34.9
     assert rec["F"] == 0.1235 and rec["tokens"] == [1, 2, 3, 4, 5, 6, 7] and rec["shadow"] == [1, 2, 3, 4, 5, 6, 9]
-    assert rec["t"] == 3 and rec["digest"] == "ab" and rec["sim_ms"] == 65.2
+    assert rec["t"] == 3 and rec["sim_ms"] == 65.2
+    assert "digest" not in rec  # a lossy step's input is compared with nothing: the log keeps no digest
+    strict = step_record(3, dataclasses.replace(st, strict=True), 1.0, 1.0, np.zeros(3), digest="ab")
+    first = step_record(0, st, 1.0, 1.0, np.zeros(3), digest="cd")
+    assert strict["digest"] == "ab" and first["digest"] == "cd"  # strict steps and every first observation
