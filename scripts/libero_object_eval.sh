@@ -4,8 +4,8 @@
 # the kinematic boundary normalised on the policy's own closed loop (ar at init states 25-29), an
 # operating point chosen by `heisd choose-point` among candidates run at init states 20-24 and
 # written into models/mini_libero (commit it), then every method at that committed point on all 10
-# tasks x init states 40-49 (retrieval and the ablations on 40-42), as two shards on two cores. Every stage is resumable: rerun the script after an interruption and it
-# continues where it stopped.
+# tasks x init states 40-49 (retrieval and the ablations on 40-42), as two shards on two cores.
+# Every stage is resumable: rerun the script after an interruption and it continues where it stopped.
 #   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
 set -euo pipefail
 # `python -m` from the checkout, not the .venv/bin/heisd entry point: the code that runs is the code

@@ -33,9 +33,10 @@ def step_record(t: int, st, cpu_ms: float, sim_ms: float, ee_pos: np.ndarray, di
                 shadow: tuple[int, ...] | None = None) -> dict[str, Any]:
     """One control step of the log: the decoder's StepStats, its thread CPU time beside its wall
     time, the simulator's time, the input digest (strict steps and the first) and, on a lossy step
-    with `--shadow-ar`, the tokens greedy `ar` decodes on the same observation. Times are kept to 0.1 ms: a step takes
-    10-100 ms, the rounding error averages out over a run's thousands of steps, and the committed
-    log of a full run stays a few MB (three decimals: 6.5 against 4.1 MB gzipped for 490 episodes)."""
+    with `--shadow-ar`, the tokens greedy `ar` decodes on the same observation. Times are kept to
+    0.1 ms: a step takes 10-100 ms, the rounding error averages out over a run's thousands of
+    steps, and the committed log of a full run stays a few MB (three decimals: 6.5 against 4.1 MB
+    gzipped for 490 episodes)."""
     rec = {
         "t": t, "mode": st.mode, "skipped": st.skipped, "forwards": st.llm_forwards, "tpf": list(st.tokens_per_forward),
         "ms": {k: round(v, 1) for k, v in st.latency_ms.items()}, "fwd_ms": [round(x, 1) for x in st.forward_ms],
