@@ -100,7 +100,8 @@ def typestore() -> Any:
 
 def read_errors() -> tuple[type[BaseException], ...]:
     """What rosbags raises for a damaged bag. It has no common base: besides its own errors, corrupt
-    metadata, storage or CDR surface as decoding, lookup, struct and SQLite errors."""
+    metadata, storage or CDR surface as decoding, lookup, struct and SQLite errors, and a damaged
+    MCAP record size as an OverflowError (a seek past what an int can address)."""
     import sqlite3
     import struct
 
@@ -109,7 +110,7 @@ def read_errors() -> tuple[type[BaseException], ...]:
     from rosbags.serde import SerdeError
 
     errors: list[type[BaseException]] = [AnyReaderError, ReaderError, SerdeError, OSError, ValueError, KeyError,
-                                         IndexError, TypeError, struct.error, sqlite3.Error]  # fmt: skip
+                                         IndexError, TypeError, OverflowError, struct.error, sqlite3.Error]  # fmt: skip
     try:
         import apsw  # rosbags' SQLite binding
 
