@@ -280,4 +280,27 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
                    f"{w['drafter_below_tau']:.0%} below tau, {w['drafter_at_or_above_tau']:.0%} at or above it "
                    f"(routed away by the source choice), {w['drafter_no_window']:.0%} before a full window; "
                    f"retrieval {w['retrieval']:.0%}, skip {w['skip']:.0%}")
+    return out + _md_shortfall(acc.get("shortfall") or {})
+
+
+def _md_shortfall(short: dict[str, Any]) -> list[str]:
+    """By how much each missed speed target is missed, and what this run's log says would close it."""
+    out = []
+    if m := short.get("mean"):
+        need = m["skip_share_needed"]
+        out.append(f"- mean step short by {m['short_ms']:.1f} ms ({m['mean_ms']:.1f} ms against the "
+                   f"{m['goal_ms']:.1f} ms of 2.5x). At this run's costs (skip {m['skip_mean_ms']:.1f} ms, verified "
+                   f"{m['verified_mean_ms']:.1f} ms mean) it takes a skip share of "
+                   + (f"{need:.0%}" if need is not None else "more than 100 %") + f" (now {m['skip_share']:.0%}), "
+                   f"or verified steps {m['verified_cost_cut_needed']:.0%} cheaper at this skip share")
+    if p := short.get("p95"):
+        modes = ", ".join(f"{k} {v:.1%}" for k, v in p["share_slower_by_mode"].items())
+        out.append(f"- p95 step {p['p95_ms']:.1f} ms against the {p['goal_ms']:.1f} ms of 1.5x: "
+                   f"{p['share_slower']:.1%} of steps are slower than that (at most 5 % may be): {modes}")
+    if a := short.get("accept_length"):
+        need = a["skip_share_needed"]
+        out.append(f"- accept length {a['accept_length']:.2f}: at {a['forwards_per_verified_step']:.2f} forwards per "
+                   f"verified step 4.5 takes a skip share of " + (f"{need:.0%}" if need is not None else "n/a")
+                   + f" (now {a['skip_share']:.0%}), or {a['forwards_per_verified_step_needed']:.2f} forwards per "
+                   "verified step at this skip share")
     return out

@@ -7,6 +7,9 @@ contention) decides whether the wall-time figures can be read at all.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedup_vs_ar": 1.5, "accept_length": 4.5,
@@ -15,8 +18,9 @@ TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedu
 faster, accept length (the paper's) 4.5, success within 5 points; the drafter 1.15x faster."""
 
 
-def acceptance(report: dict[str, Any]) -> dict[str, Any]:
-    """The TARGETS check of `heisd` (and `drafter`) against `ar` of the same run (not evaluated without both)."""
+def acceptance(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The TARGETS check of `heisd` (and `drafter`) against `ar` of the same run (not evaluated
+    without both), with the `shortfall` of each speed target heisd misses (its steps: `heisd_steps`)."""
     h, ar = report.get("heisd"), report.get("ar")
     if not h or not ar or not h["steps"] or not ar["steps"]:
         return {"evaluated": False, "why": "needs both ar and heisd in the run"}
@@ -56,4 +60,48 @@ def acceptance(report: dict[str, Any]) -> dict[str, Any]:
         "drafter_at_least_1.15x": (drafter.get("speedup_vs_ar") is not None
                                    and drafter["speedup_vs_ar"] >= TARGETS["drafter_speedup_vs_ar"]),
         "heisd_steps_by_source": where,
+        "shortfall": shortfall(report, heisd_steps),
     }
+
+
+def shortfall(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """By how much `heisd` misses each speed target it misses, and what the log says would close it.
+
+    Measured, not modelled: the mode mix and per-mode mean step times of this run. For the mean:
+    the skip share that would reach the target if verified steps (at their mean cost) became skips
+    (at theirs), or the cut of every verified step's cost that would reach it at this skip share.
+    For the p95: the share of steps slower than the target p95 (at most 5 % may be), by mode. For
+    the accept length: the skip share at this run's forwards per verified step, or the forwards per
+    verified step at this skip share.
+    """
+    h, ar = report.get("heisd"), report.get("ar")
+    if not h or not ar or not h["steps"] or not ar["steps"]:
+        return {}
+    out: dict[str, Any] = {}
+    modes = h.get("modes", {})
+    n = h["steps"]
+    skip = modes.get("skip", {"steps": 0, "mean_step_ms": 0.0})
+    s_skip = skip["steps"] / n
+    verified = n - skip["steps"]
+    if h["speedup_vs_ar"] < TARGETS["speedup_vs_ar"] and verified:
+        goal = ar["mean_step_ms"] / TARGETS["speedup_vs_ar"]
+        mean_verified = (h["mean_step_ms"] * n - skip["mean_step_ms"] * skip["steps"]) / verified
+        gain = mean_verified - skip["mean_step_ms"]
+        need = s_skip + (h["mean_step_ms"] - goal) / gain if gain > 0 else math.inf
+        out["mean"] = {"goal_ms": goal, "mean_ms": h["mean_step_ms"], "short_ms": h["mean_step_ms"] - goal,
+                       "skip_share": s_skip, "skip_mean_ms": skip["mean_step_ms"], "verified_mean_ms": mean_verified,
+                       "skip_share_needed": need if need <= 1.0 else None,
+                       "verified_cost_cut_needed": (h["mean_step_ms"] - goal) / (mean_verified * (1 - s_skip))}
+    if h["p95_speedup_vs_ar"] < TARGETS["p95_speedup_vs_ar"]:
+        goal = ar["p95_step_ms"] / TARGETS["p95_speedup_vs_ar"]
+        slow = Counter(s["mode"] for s in heisd_steps if s["ms"]["total"] > goal)
+        out["p95"] = {"goal_ms": goal, "p95_ms": h["p95_step_ms"], "share_slower": sum(slow.values()) / n,
+                      "share_slower_by_mode": {m: c / n for m, c in slow.most_common()}}
+    if h["accept_length"] < TARGETS["accept_length"] and verified:
+        fwd = h["forwards_per_step"] * n / verified  # forwards per verified step
+        cycles = 7.0 / TARGETS["accept_length"]  # cycles per step at the target
+        out["accept_length"] = {"accept_length": h["accept_length"], "skip_share": s_skip,
+                                "forwards_per_verified_step": fwd,
+                                "skip_share_needed": (fwd - cycles) / (fwd - 1.0) if fwd > 1.0 else None,
+                                "forwards_per_verified_step_needed": (cycles - s_skip) / (1.0 - s_skip)}
+    return out

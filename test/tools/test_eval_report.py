@@ -253,3 +253,31 @@ def test_a_session_names_the_revision_it_started_at_not_one_committed_during_it(
     assert [(x["command"], x["git_rev"]) for x in sessions] == [("shard a", "aaaa")]
     text = markdown(build_report(run[:1], ["ar", "heisd"], {"invocations": sessions}))
     assert "git `aaaa`" in text and "bbbb" not in text
+
+
+def test_a_missed_speed_target_says_by_how_much_and_what_would_close_it() -> None:
+    """heisd at 17.75 ms against ar's 40 (2.25x): the mean, the p95 and the accept length all miss;
+    the report derives from the run's own mode mix what would reach each target."""
+    report = build_report(_run(), ["ar", "heisd"], {})
+    short = report["_meta"]["acceptance"]["shortfall"]
+    m = short["mean"]  # goal 40 / 2.5 = 16 ms; skips 4 ms (2 of 8 steps), verified steps 134 / 6 ms
+    assert m["goal_ms"] == pytest.approx(16.0) and m["short_ms"] == pytest.approx(1.75)
+    assert m["verified_mean_ms"] == pytest.approx(134 / 6) and m["skip_share"] == pytest.approx(0.25)
+    assert m["skip_share_needed"] == pytest.approx(0.25 + 1.75 / (134 / 6 - 4))
+    assert m["verified_cost_cut_needed"] == pytest.approx(1.75 / (134 / 6 * 0.75))
+    p = short["p95"]  # goal 40 / 1.5 ms: the two ar-like steps are slower
+    assert p["share_slower"] == pytest.approx(0.25) and p["share_slower_by_mode"] == {"ar": 0.25}
+    a = short["accept_length"]  # 21 forwards on 6 verified steps; 4.5 needs 7 / 4.5 cycles per step
+    assert a["forwards_per_verified_step"] == pytest.approx(3.5)
+    assert a["skip_share_needed"] == pytest.approx((3.5 - 7 / 4.5) / 2.5)
+    assert a["forwards_per_verified_step_needed"] == pytest.approx((7 / 4.5 - 0.25) / 0.75)
+    text = markdown(report)
+    assert "- mean step short by 1.8 ms (17.8 ms against the 16.0 ms of 2.5x)" in text
+    assert "it takes a skip share of 35% (now 25%), or verified steps 10% cheaper" in text
+    assert "25.0% of steps are slower than that (at most 5 % may be): ar 25.0%" in text
+    # a run that meets them has no shortfall
+    fast = _run()
+    for e in fast:
+        if e["method"] == "heisd":
+            e["steps"] = [_step(t, "skip", 2.0, [], skipped=True) for t in range(4)]
+    assert build_report(fast, ["ar", "heisd"], {})["_meta"]["acceptance"]["shortfall"] == {}
