@@ -7,7 +7,6 @@ contention) decides whether the wall-time figures can be read at all.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -72,25 +71,22 @@ def shortfall(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]]) -> 
     (at theirs), or the cut of every verified step's cost that would reach it at this skip share.
     For the p95: the share of steps slower than the target p95 (at most 5 % may be), by mode. For
     the accept length: the skip share at this run's forwards per verified step, or the forwards per
-    verified step at this skip share.
+    verified step at this skip share. `acceptance` calls it once both `heisd` and `ar` have steps.
     """
-    h, ar = report.get("heisd"), report.get("ar")
-    if not h or not ar or not h["steps"] or not ar["steps"]:
-        return {}
+    h, ar = report["heisd"], report["ar"]
     out: dict[str, Any] = {}
-    modes = h.get("modes", {})
     n = h["steps"]
-    skip = modes.get("skip", {"steps": 0, "mean_step_ms": 0.0})
-    s_skip = skip["steps"] / n
+    skip = h["modes"].get("skip", {"steps": 0, "mean_step_ms": 0.0})
+    s_skip = h["skip_rate"]
     verified = n - skip["steps"]
     if h["speedup_vs_ar"] < TARGETS["speedup_vs_ar"] and verified:
         goal = ar["mean_step_ms"] / TARGETS["speedup_vs_ar"]
         mean_verified = (h["mean_step_ms"] * n - skip["mean_step_ms"] * skip["steps"]) / verified
-        gain = mean_verified - skip["mean_step_ms"]
-        need = s_skip + (h["mean_step_ms"] - goal) / gain if gain > 0 else math.inf
+        gain = mean_verified - skip["mean_step_ms"]  # what one verified step turned skip saves
+        need = s_skip + (h["mean_step_ms"] - goal) / gain if gain > 0 else None
         out["mean"] = {"goal_ms": goal, "mean_ms": h["mean_step_ms"], "short_ms": h["mean_step_ms"] - goal,
                        "skip_share": s_skip, "skip_mean_ms": skip["mean_step_ms"], "verified_mean_ms": mean_verified,
-                       "skip_share_needed": need if need <= 1.0 else None,
+                       "skip_share_needed": need if need is not None and need <= 1.0 else None,
                        "verified_cost_cut_needed": (h["mean_step_ms"] - goal) / (mean_verified * (1 - s_skip))}
     if h["p95_speedup_vs_ar"] < TARGETS["p95_speedup_vs_ar"]:
         goal = ar["p95_step_ms"] / TARGETS["p95_speedup_vs_ar"]
