@@ -277,6 +277,13 @@ class StoreConfig:
     doubling it after every failed retry (the control step never waits for the database)."""
     reconnect_max_backoff_s: float = 30.0
     """Upper bound of the retry delay, seconds."""
+    search_threads: int = 1
+    """Backend 'edge': threads of the shard's search pool. 1 runs a query on the calling thread, so
+    its CPU time is the step's own; a pool hands the query to threads that must first be scheduled,
+    which on a machine whose cores are busy is a wait. Mini database (24,212 points), Top-20 query,
+    1 against Edge's default: 0.97 / 1.06 ms mean idle, 0.92 / 1.16 ms (p95 1.00 / 2.36) with every
+    core busy, 1.31 / 1.44 ms with caches evicted between queries (benchmarks/search_pool.py).
+    0 = Qdrant's default (one per CPU)."""
 
     def __post_init__(self) -> None:
         require(self.backend in ("edge", "local", "remote"), f"unknown store backend {self.backend!r}")
@@ -296,6 +303,7 @@ class StoreConfig:
         require(0 < self.reconnect_backoff_s <= self.reconnect_max_backoff_s <= 3600,
                  "reconnect delays must satisfy 0 < reconnect_backoff_s <= reconnect_max_backoff_s <= 3600")
         require(not self.tls_ca_cert or self.url.startswith("https://"), "tls_ca_cert needs an https:// url")
+        require(0 <= self.search_threads <= 256, "search_threads must be in [0, 256] (0 = Qdrant's default)")
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,15 @@ HNSW graphs are built per task (payload_m) by `optimize()`, only in segments lar
 `exact_search_below` obs vectors (the indexing threshold; a segment may hold many tasks), and used
 only for partitions of at least `exact_search_below` points; smaller partitions are searched exactly.
 Edge does not index in the background: call `optimize()` after a bulk ingest.
+The search pool has `search_threads` threads (1: a query runs on the calling thread), set at every
+open; Edge keeps the size in edge_config.json with the rest of the shard's configuration.
 One process at a time: the shard's WAL is locked while open.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +44,8 @@ from heisd_ros.store.schema import (
     check_dims,
     hit_from_stored,
 )
+
+log = logging.getLogger(__name__)
 
 META_FILE = "heisd_store.json"
 FACET_LIMIT = 65536
@@ -79,21 +84,89 @@ def _threshold_kb(cfg: StoreConfig, obs_dim: int) -> int:
 
 
 def _edge_config(cfg: StoreConfig, obs_dim: int, feat_dim: int) -> qe.EdgeConfig:
-    kb = _threshold_kb(cfg, obs_dim)
+    return _shard_config(_threshold_kb(cfg, obs_dim), cfg.hnsw_ef_construct, cfg.hnsw_m, cfg.feat_on_disk,
+                         obs_dim, feat_dim, cfg.search_threads)
+
+
+def _shard_config(kb: int, ef_construct: int, payload_m: int, feat_on_disk: bool, obs_dim: int, feat_dim: int,
+                  search_threads: int) -> qe.EdgeConfig:
     # Multitenancy: no global graph (m=0), one graph per task (payload_m); feat vectors are
     # never searched, so they get no graph at all.
-    per_task = qe.HnswIndexConfig(
-        m=0, ef_construct=cfg.hnsw_ef_construct, full_scan_threshold=kb, payload_m=cfg.hnsw_m
-    )
-    no_graph = qe.HnswIndexConfig(m=0, ef_construct=cfg.hnsw_ef_construct, full_scan_threshold=kb, payload_m=0)
+    per_task = qe.HnswIndexConfig(m=0, ef_construct=ef_construct, full_scan_threshold=kb, payload_m=payload_m)
+    no_graph = qe.HnswIndexConfig(m=0, ef_construct=ef_construct, full_scan_threshold=kb, payload_m=0)
     vectors = {
         OBS: qe.EdgeVectorParams(obs_dim, qe.Distance.Cosine),
-        FEAT: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, on_disk=cfg.feat_on_disk, hnsw_config=no_graph),
-        FEAT_PREV: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, on_disk=cfg.feat_on_disk, hnsw_config=no_graph),
+        FEAT: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, on_disk=feat_on_disk, hnsw_config=no_graph),
+        FEAT_PREV: qe.EdgeVectorParams(feat_dim, qe.Distance.Cosine, on_disk=feat_on_disk, hnsw_config=no_graph),
     }
     return qe.EdgeConfig(
-        vectors=vectors, hnsw_config=per_task, optimizers=qe.EdgeOptimizersConfig(indexing_threshold=kb)
+        vectors=vectors, hnsw_config=per_task, optimizers=qe.EdgeOptimizersConfig(indexing_threshold=kb),
+        max_search_threads=search_threads or None,
     )
+
+
+EDGE_CONFIG_FILE = "edge_config.json"
+"""Where Edge keeps a shard's configuration; `load` with a configuration rewrites it."""
+
+
+def _load(shard_dir: Path, search_threads: int, obs_dim: int, feat_dim: int) -> qe.EdgeShard:
+    """Load the shard with its search pool sized `search_threads` (0: Edge's default).
+
+    Edge takes the pool size only inside a whole configuration: `EdgeShard.load(path, config)`
+    writes that configuration over the shard's own file. So the shard's configuration is read back
+    from the file into the form `_edge_config` gives it, and if loading with it would change the
+    file in anything but the pool size (a shard made by other code or another Edge version), the
+    file is put back and the shard is loaded as it is."""
+    where = str(shard_dir)
+    path = shard_dir / EDGE_CONFIG_FILE
+    try:
+        before = path.read_bytes()
+        stored = json.loads(before)
+        hnsw, feat = stored["hnsw_config"], stored["vectors"][FEAT]
+        config = _shard_config(int(hnsw["full_scan_threshold"]), int(hnsw["ef_construct"]), int(hnsw["payload_m"]),
+                               bool(feat.get("on_disk", False)), obs_dim, feat_dim, search_threads)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return _stored_pool(where, f"its {EDGE_CONFIG_FILE} is not readable as heisd's ({err!r})")
+    try:
+        shard = qe.EdgeShard.load(where, config)
+    except Exception as err:  # noqa: BLE001 - incompatible with what is stored: load it as it is
+        _restore(path, before)
+        return _stored_pool(where, f"Edge refused its configuration read back ({err})")
+    changed = _changed(stored, json.loads(path.read_bytes()))
+    if changed:
+        shard.close()
+        _restore(path, before)
+        return _stored_pool(where, f"its configuration is not the one heisd creates ({changed})")
+    return shard
+
+
+def _changed(stored: dict, written: dict, prefix: str = "") -> str:
+    """The first stored setting (other than the pool size) that `written` does not keep; '' if none.
+    Settings Edge adds with their defaults (absent from `stored`) are not changes."""
+    for key, value in stored.items():
+        name = prefix + key
+        if name == "max_search_threads":
+            continue
+        if isinstance(value, dict) and isinstance(written.get(key), dict):
+            inner = _changed(value, written[key], name + ".")
+            if inner:
+                return inner
+        elif key not in written or written[key] != value:
+            return name
+    return ""
+
+
+def _stored_pool(where: str, why: str) -> qe.EdgeShard:
+    log.warning("Qdrant Edge shard %s keeps the search pool its files set: %s", where, why)
+    return qe.EdgeShard.load(where)
+
+
+def _restore(path: Path, content: bytes) -> None:
+    try:
+        if path.read_bytes() != content:
+            path.write_bytes(content)
+    except OSError as err:
+        raise DatabaseError(f"cannot restore {path}: {err}") from err
 
 
 def _read_meta(shard_dir: Path) -> tuple[int, int]:
@@ -159,7 +232,7 @@ class EdgeStore(StoreBase):
                 f"{where} stores obs {stored[0]}-d and feat {stored[1]}-d vectors; expected {wanted[0]} and {wanted[1]}"
             )
         with _engine("open", where, unavailable=True):
-            shard = qe.EdgeShard.load(where)
+            shard = _load(shard_dir, cfg.search_threads, *stored)
         return cls(shard, cfg, *stored, where=where)
 
     @staticmethod

@@ -250,3 +250,52 @@ def test_edge_exact_and_hnsw_paths_agree(tmp_path):
     assert results[0][0] == results[1][0] == (7, "a")
     assert {t for _, t in results[1]} == {"a"}
     assert len(set(results[0]) & set(results[1])) >= 4
+
+
+def edge_config_file(cfg):
+    from pathlib import Path
+
+    return Path(cfg.path) / cfg.collection / "edge_config.json"
+
+
+def test_edge_search_pool_size_is_set_at_open_and_the_stored_index_kept(tmp_path):
+    """The pool size travels in a whole configuration that Edge writes over the shard's own: opening
+    with another size must change that setting only, whatever index settings the opener's config has."""
+    import json
+
+    rng = np.random.default_rng(9)
+    points = [make_point(rng, task="pick", episode=0, step=k) for k in range(20)]
+    cfg = config("edge", tmp_path, exact_search_below=5, hnsw_ef_construct=50)
+    with make_store(cfg, OBS_DIM, FEAT_DIM, create=True) as store:
+        store.upsert(points)
+        before = store.search(points[4].obs, "pick", top_k=3)
+    path = edge_config_file(cfg)
+    created = json.loads(path.read_text())
+    assert created["max_search_threads"] == 1  # the default: a query runs on the calling thread
+    other = config("edge", tmp_path, search_threads=3)  # default index settings, unlike the creator's
+    with make_store(other) as store:
+        reopened = json.loads(path.read_text())
+        assert reopened["max_search_threads"] == 3
+        for key, value in created.items():  # every stored setting kept (Edge may add its defaults)
+            assert key == "max_search_threads" or reopened[key] == value, key
+        assert [(h.step, h.score) for h in store.search(points[4].obs, "pick", top_k=3)] == \
+            [(h.step, h.score) for h in before]
+
+
+def test_edge_shard_config_heisd_did_not_write_is_left_as_it_is(tmp_path, caplog):
+    import json
+
+    rng = np.random.default_rng(10)
+    cfg = config("edge", tmp_path)
+    with make_store(cfg, OBS_DIM, FEAT_DIM, create=True) as store:
+        store.upsert([make_point(rng, task="pick", episode=0, step=k) for k in range(5)])
+    path = edge_config_file(cfg)
+    foreign = path.read_text().replace('"max_search_threads":1', '"max_search_threads":2').replace(
+        '"deleted_threshold":null', '"deleted_threshold":0.5')  # a setting heisd never makes
+    assert foreign != path.read_text()
+    path.write_text(foreign)
+    with caplog.at_level("WARNING"), make_store(cfg) as store:
+        assert store.count() == 5
+    now = json.loads(path.read_text())  # Edge rewrites the file at every load, adding its defaults
+    assert (now["optimizers"]["deleted_threshold"], now["max_search_threads"]) == (0.5, 2)
+    assert "keeps the search pool its files set" in caplog.text
