@@ -281,8 +281,8 @@ class StoreConfig:
     """Backend 'edge': threads of the shard's search pool. 1 runs a query on the calling thread, so
     its CPU time is the step's own; a pool hands the query to threads that must first be scheduled,
     which on a machine whose cores are busy is a wait. Mini database (24,212 points), Top-20 query,
-    1 against Edge's default: 0.97 / 1.06 ms mean idle, 0.92 / 1.16 ms (p95 1.00 / 2.36) with every
-    core busy, 1.31 / 1.44 ms with caches evicted between queries (benchmarks/search_pool.py).
+    1 against Edge's default: 0.89 / 0.99 ms mean idle, 0.92 / 1.26 ms (p95 1.00 / 3.12) with every
+    core busy, 1.26 / 1.38 ms with caches evicted between queries (benchmarks/search_pool.json).
     0 = Qdrant's default (one per CPU)."""
 
     def __post_init__(self) -> None:
