@@ -335,6 +335,10 @@ class DecoderConfig:
     """Debounce: the executed gripper command changes only after this many consecutive steps ask
     for the change (0 = every step's own command, as OpenVLA). For policies whose gripper token
     chatters (heisd_ros/core/gripper.py)."""
+    vision_runtime: str = "onnxruntime"
+    """How the vision backbone runs (heisd_ros/core/traced.py): 'onnxruntime' (exported once per
+    input shape; float32 on the CPU, else 'torchscript'), 'torchscript' (a frozen trace) or
+    'eager'. The same features within float rounding: every method of a run uses the same one."""
 
     def __post_init__(self) -> None:
         require(self.unknown_task in ("error", "drafter"), "unknown_task must be 'error' or 'drafter'")
@@ -345,6 +349,8 @@ class DecoderConfig:
                  f"retrieval.query_views {self.retrieval.query_views} exceeds the {len(self.views)} views")
         require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
         require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
+        require(self.vision_runtime in ("onnxruntime", "torchscript", "eager"),
+                f"vision_runtime must be 'onnxruntime', 'torchscript' or 'eager', got {self.vision_runtime!r}")
 
     @property
     def query_view_count(self) -> int:

@@ -131,7 +131,7 @@ class HybridDecoder:
                  f"the model's prompt reads {vla.prompt_views} views (primary first); views {list(cfg.views)} has fewer")
         self.vla = vla
         self.cfg = cfg
-        self.backbone = ShapeTracedModule(vla.vision_backbone)  # same outputs, ~20 % less time
+        self.backbone = ShapeTracedModule(vla.vision_backbone, cfg.vision_runtime)  # same outputs, less time
         self.store = store
         self.drafter = drafter
         self.state_prior = state_prior

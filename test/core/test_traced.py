@@ -12,15 +12,53 @@ from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.models.loader import tiny_vla
 
 
-def test_traced_backbone_matches_eager_and_traces_once_per_shape():
+@pytest.mark.parametrize("runtime", ["onnxruntime", "torchscript"])
+def test_traced_backbone_matches_eager_and_traces_once_per_shape(runtime):
     torch.manual_seed(0)
     backbone = tiny_vla(seed=0).vision_backbone
-    traced = ShapeTracedModule(backbone)
+    traced = ShapeTracedModule(backbone, runtime)
     a, b = torch.randn(2, 3, 64, 64), torch.randn(1, 3, 64, 64)
     with torch.inference_mode():  # as the engine calls it
         for x in (a, b, a):
             torch.testing.assert_close(traced(x), backbone(x), atol=1e-5, rtol=1e-5)
     assert len(traced._traces) == 2 and not traced.eager_only
+    kinds = {type(fn).__name__ for fn in traced._traces.values()}
+    assert kinds == ({"OnnxRuntimeGraph"} if runtime == "onnxruntime" else {"RecursiveScriptModule"})
+
+
+def test_onnxruntime_takes_float32_cpu_inputs_only():
+    backbone = tiny_vla(seed=0).vision_backbone.to(torch.bfloat16)
+    traced = ShapeTracedModule(backbone, "onnxruntime")
+    x = torch.randn(1, 3, 64, 64, dtype=torch.bfloat16)
+    assert traced.runtime_for(x) == "torchscript" and traced.runtime_for(x.float()) == "onnxruntime"
+    with torch.inference_mode():
+        torch.testing.assert_close(traced(x), backbone(x))
+    assert [type(fn).__name__ for fn in traced._traces.values()] == ["RecursiveScriptModule"]
+
+
+class _NotExportable(nn.Module):
+    """cummax has no ONNX export (opset 17), and traces."""
+
+    def forward(self, x):
+        return torch.cummax(x, dim=-1).values * 2
+
+
+def test_a_module_onnx_cannot_take_runs_its_trace_with_a_warning(caplog):
+    traced = ShapeTracedModule(_NotExportable().eval(), "onnxruntime")
+    x = torch.randn(2, 5)
+    with caplog.at_level(logging.WARNING), torch.inference_mode():
+        torch.testing.assert_close(traced(x), torch.cummax(x, dim=-1).values * 2)
+    assert not traced.eager_only and "runs its torchscript graph" in caplog.text and "cummax" in caplog.text
+
+
+def test_eager_runtime_never_builds_a_graph():
+    backbone = tiny_vla(seed=0).vision_backbone
+    traced = ShapeTracedModule(backbone, "eager")
+    with torch.inference_mode():
+        torch.testing.assert_close(traced(torch.ones(1, 3, 64, 64)), backbone(torch.ones(1, 3, 64, 64)))
+    assert traced.eager_only and not traced._traces
+    with pytest.raises(ValueError, match="unknown vision runtime"):
+        ShapeTracedModule(backbone, "tensorrt")
 
 
 class _Unstable(nn.Module):
