@@ -3,8 +3,8 @@
 The vision backbone runs on every control step with the same input shape (views × 3 × S × S), and
 it is the largest fixed cost of a step on a CPU. A frozen graph removes the eager dispatch
 overhead; ONNX Runtime's graph (fused convolutions and activations, blocked layouts) is faster
-still on a CPU: EfficientNet-Lite0 at 128 px, one view, one thread, 4.2 ms against 6.8 ms for the
-frozen TorchScript trace and 9.6 ms eager (docs/history.md). The runtime (`vision_runtime`):
+still on a CPU: EfficientNet-Lite0 at 128 px, one view, one thread, 5.0 ms against 7.8 ms for the
+frozen TorchScript trace and 10.4 ms eager (benchmarks/vision_runtime.json). The runtime (`vision_runtime`):
 - 'onnxruntime': the module exported to ONNX for the input shape and run by an ONNX Runtime
   session with torch's thread count (float32 on the CPU only; other inputs use 'torchscript');
 - 'torchscript': a frozen TorchScript trace;
