@@ -208,6 +208,19 @@ class HybridDecoder:
         return self.store.health()
 
     # -- the control step ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def prepare_vision(self) -> None:
+        """Build the backbone's graph for every batch a step of this decoder can run (the prompt's
+        views; with a database, also the views a retrieving step embeds), so that no timed step
+        pays for an export or a trace. Graphs are shared per process: only the first decoder of
+        a model builds them."""
+        h, w = self.vla.input_hw
+        counts = {self.vla.prompt_views}
+        if self.store is not None:
+            counts.add(min(max(self.query_views, self.vla.prompt_views), len(self.cfg.views)))
+        for n in sorted(counts):
+            self.backbone(self.vla.preprocess([np.zeros((h, w, 3), dtype=np.uint8)] * n))
+
     def step(self, obs: Observation) -> tuple[np.ndarray, StepStats]:
         self._validate(obs)
         if obs.instruction != self.instruction:

@@ -121,6 +121,8 @@ class Policies:
         self.shadow = (HybridDecoder(self.vla, base.with_method("ar"), state_prior=prior)
                        if cfg.shadow_ar else None)
         """Greedy `ar` on the observations of lossy steps (never timed, never executed)."""
+        for decoder in [*self.decoders.values(), *([self.shadow] if self.shadow else [])]:
+            decoder.prepare_vision()  # the backbone's graphs are built here, not in the first timed step
 
     def fingerprint(self) -> dict[str, Any]:
         from heisd_ros.core.config import to_dict

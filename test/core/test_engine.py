@@ -316,3 +316,18 @@ def test_matching_database_keeps_retrieving_and_skipping(vla, drafter, demo_stor
     assert [s.mode for s in on] == [s.mode for s in off] and [s.tokens for s in on] == [s.tokens for s in off]
     assert {s.source_reason for s in on[5:]} == {"retrieval_cheaper"}
     assert sum(s.mode == "skip" for s in on) >= 6
+
+
+def test_prepare_vision_builds_every_graph_a_step_uses(vla, drafter, demo_store, helpers):
+    """A decoder whose steps embed the prompt's view (drafter mode) or every view (retrieval) gets
+    both graphs before its first step, so that no timed step pays for building one."""
+    dec = HybridDecoder(vla, DecoderConfig(method="heisd", fused_metric=FusedMetricConfig(tau=1e9)),
+                        store=demo_store, drafter=drafter)  # its first step is a drafter step: the prompt's view
+    dec.prepare_vision()
+    built = set(dec.backbone._traces)
+    assert {key[0][0] for key in built} == {vla.prompt_views, len(dec.cfg.views)}
+    dec.step(helpers.random_obs(1))
+    assert set(dec.backbone._traces) == built
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    ar.prepare_vision()
+    assert {key[0][0] for key in ar.backbone._traces} == {vla.prompt_views}
