@@ -4,7 +4,7 @@
 # the kinematic boundary normalised on the policy's own closed loop (ar at init states 25-29), an
 # operating point chosen by `heisd choose-point` among candidates run at init states 20-24 and
 # written into models/mini_libero (commit it), then every method at that committed point on all 10
-# tasks x init states 40-49 (retrieval and the ablations on 40-42), as two shards on two cores.
+# tasks x init states 40-49 (the ablations on 40-42), as two shards on two cores.
 # Every stage is resumable: rerun the script after an interruption and it continues where it stopped.
 #   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
 set -euo pipefail
@@ -20,7 +20,7 @@ export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} O
 ABLATIONS="heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.enabled=false;"
 ABLATIONS+='heisd_token=heisd:acceptance.retrieval_rule="token";'
 ABLATIONS+='heisd_boundary=heisd:acceptance.retrieval_rule="strict",verify_skip.enabled=false'
-SUBSET=retrieval,heisd_tau0,heisd_taufit,heisd_noskip,heisd_token,heisd_boundary
+SUBSET=heisd_tau0,heisd_taufit,heisd_noskip,heisd_token,heisd_boundary
 tau_fit() { .venv/bin/python -c "import json; print(json.load(open('$E/calibration_fitted.json'))['fused_metric']['tau'])"; }
 COMMON=(--model $E/vla --drafter models/mini_libero/drafter --position-pool 20 --suite libero_object
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
@@ -107,13 +107,13 @@ if stage eval; then
              "$E/calibration.json and the checkout be clean (commit after STAGE=choose)" >&2
         exit 2
     fi
-    shards $E/eval 40-49 models/mini_libero/calibration.json ar,drafter,specvla,heisd \
+    shards $E/eval 40-49 models/mini_libero/calibration.json ar,drafter,specvla,retrieval,heisd \
         "$ABLATIONS;heisd_taufit=heisd:fused_metric.tau=$(tau_fit)" --subset-methods $SUBSET --subset-init-states 40-42
 fi
 
 if stage report; then
     gzip -9 -n -c $E/eval.jsonl > benchmarks/libero_object.jsonl.gz
     $H eval-libero --report-from benchmarks/libero_object.jsonl.gz --tasks 0-9 --init-states 40-49 \
-        --methods ar,drafter,specvla,heisd --subset-methods $SUBSET \
+        --methods ar,drafter,specvla,retrieval,heisd --subset-methods $SUBSET \
         --subset-init-states 40-42 --out benchmarks/libero_object.json --plots benchmarks/libero_object_plots
 fi
