@@ -63,6 +63,9 @@ class FakeDecoder:
         self.resets.append(instruction)
         self.reset_steps.append(self.steps)
 
+    def prepare_vision(self) -> None:  # no backbone
+        pass
+
     def step(self, obs: Observation) -> tuple[np.ndarray, StepStats]:
         if obs.task_key == UNKNOWN_TASK:
             raise UnknownTaskError(f"no demonstrations for task {obs.task_key!r}")

@@ -132,6 +132,10 @@ class Decoder(Protocol):
         """Start an episode (None: idle); per-episode state is cleared."""
         ...
 
+    def prepare_vision(self) -> None:
+        """Build now what the first steps would otherwise build (the vision backbone's graphs)."""
+        ...
+
     def step(self, obs: Observation) -> tuple[np.ndarray, StepStats]:
         """The action [7] for one observation and what the step did; raises HeisdError on bad input."""
         ...

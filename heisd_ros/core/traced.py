@@ -41,7 +41,12 @@ MAX_ABS_DIFF = 1e-3
 ONNX_OPSET = 17
 
 _SHARED_GRAPHS: dict[tuple, Callable[[torch.Tensor], torch.Tensor]] = {}
-"""(weights digest, runtime, shape, dtype, device, threads) -> graph, for every ShapeTracedModule of the process."""
+"""(weights digest, runtime, shape, dtype, device[, threads]) -> graph, for every ShapeTracedModule
+of the process (an ONNX Runtime session is made for a thread count; a trace serves any)."""
+
+_NOT_EXPORTABLE: dict[str, str] = {}
+"""Weights digest -> why ONNX Runtime could not take that module: not tried again for another
+shape (a large backbone's export is long before it fails, e.g. at protobuf's 2 GB)."""
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -66,6 +71,8 @@ class OnnxRuntimeGraph:
         # torch's thread count, as the rest of the step; 1 runs the graph on the calling thread
         options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
+        # workers that spin after a run would take the cores from the language model's forwards
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.session = ort.InferenceSession(exported.getvalue(), options, providers=["CPUExecutionProvider"])
 
@@ -74,7 +81,8 @@ class OnnxRuntimeGraph:
 
 
 class ShapeTracedModule:
-    """`module(x)` through a frozen graph for x's (shape, dtype, device); eager on any trouble."""
+    """`module(x)` through a frozen graph for x's (shape, dtype, device; for ONNX Runtime also
+    torch's thread count); eager on any trouble."""
 
     def __init__(self, module: nn.Module, runtime: str = "onnxruntime") -> None:
         if runtime not in RUNTIMES:
@@ -89,24 +97,28 @@ class ShapeTracedModule:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.eager_only or self.module.training:
             return self.module(x)
-        key = (tuple(x.shape), x.dtype, str(x.device), torch.get_num_threads())
-        fn = self._traces.get(key)
+        runtime = self.runtime_for(x)
+        fn = self._traces.get(_key(x, runtime))
         if fn is None:
-            fn = self._trace(x, key)
+            fn = self._trace(x, runtime)
             if fn is None:
                 return self.module(x)
         return fn(x)
 
     def runtime_for(self, x: torch.Tensor) -> str:
-        """The runtime x's graph uses: ONNX Runtime takes float32 CPU inputs only."""
-        if self.runtime == "onnxruntime" and (x.dtype != torch.float32 or x.device.type != "cpu"):
+        """The runtime x's graph uses: ONNX Runtime takes float32 CPU inputs only, of a module it
+        could export."""
+        if self.runtime != "onnxruntime":
+            return self.runtime
+        if x.dtype != torch.float32 or x.device.type != "cpu":
             return "torchscript"
-        return self.runtime
+        self._digest = self._digest or weights_digest(self.module)
+        return "torchscript" if self._digest in _NOT_EXPORTABLE else "onnxruntime"
 
-    def _trace(self, x: torch.Tensor, key: tuple):
-        first = self.runtime_for(x)
+    def _trace(self, x: torch.Tensor, first: str):
         failures = []
         for runtime in dict.fromkeys((first, "torchscript")):  # an unexportable module may still trace
+            key = _key(x, runtime)
             fn, why = self._graph(runtime, x, key)
             if fn is not None:
                 if failures:
@@ -130,8 +142,12 @@ class ShapeTracedModule:
                     fn = _build(runtime, self.module, sample)
                 diff = float((fn(sample).float() - self.module(sample).float()).abs().max())
             except Exception as err:  # noqa: BLE001 - any exporter or runtime failure: this runtime is out
+                if runtime == "onnxruntime" and self._digest:
+                    _NOT_EXPORTABLE[self._digest] = f"{type(err).__name__}: {err}"
                 return None, f"{runtime}: {type(err).__name__}: {err}"
         if not diff <= MAX_ABS_DIFF:
+            if runtime == "onnxruntime":
+                _NOT_EXPORTABLE[self._digest] = f"output differs from eager by {diff:.2e}"
             return None, f"{runtime} graph's output differs from eager by {diff:.2e}"
         _SHARED_GRAPHS[shared] = fn
         return fn, ""
@@ -141,6 +157,13 @@ class ShapeTracedModule:
         self.reason = reason
         log.warning("vision backbone stays eager (graph unusable: %s)", reason[:300])
         return None
+
+
+def _key(x: torch.Tensor, runtime: str) -> tuple:
+    """A graph's key: the input's shape, dtype and device; an ONNX Runtime session is also made for
+    torch's thread count (a trace serves any)."""
+    key = (tuple(x.shape), x.dtype, str(x.device))
+    return key + (torch.get_num_threads(),) if runtime == "onnxruntime" else key
 
 
 def _build(runtime: str, module: nn.Module, sample: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:

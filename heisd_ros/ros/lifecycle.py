@@ -95,6 +95,7 @@ def warm_up(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
     window, verify-skip run, the source choice's measured step costs) is cleared, so the warm-up never
     biases the first episode (a cold retrieval measured against a warm drafter would keep heisd on
     the drafter). Returns a summary for the log; raises the decoder's HeisdError."""
+    decoder.prepare_vision()  # the backbone's graphs, whatever the steps below reach
     steps = cfg.node.warmup_steps
     if steps <= 0:
         return "no warm-up (warmup_steps 0)"

@@ -116,23 +116,31 @@ def _load(shard_dir: Path, search_threads: int, obs_dim: int, feat_dim: int) -> 
     writes that configuration over the shard's own file. So the shard's configuration is read back
     from the file into the form `_edge_config` gives it, and if loading with it would change the
     file in anything but the pool size (a shard made by other code or another Edge version), the
-    file is put back and the shard is loaded as it is."""
+    file is put back and the shard is loaded as it is. A shard whose file already has the size is
+    loaded as it is, without rewriting anything."""
     where = str(shard_dir)
     path = shard_dir / EDGE_CONFIG_FILE
     try:
         before = path.read_bytes()
         stored = json.loads(before)
+        if stored.get("max_search_threads") == (search_threads or None):
+            return qe.EdgeShard.load(where)
         hnsw, feat = stored["hnsw_config"], stored["vectors"][FEAT]
         config = _shard_config(int(hnsw["full_scan_threshold"]), int(hnsw["ef_construct"]), int(hnsw["payload_m"]),
                                bool(feat.get("on_disk", False)), obs_dim, feat_dim, search_threads)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return _stored_pool(where, f"its {EDGE_CONFIG_FILE} is not readable as heisd's ({err!r})")
     try:
         shard = qe.EdgeShard.load(where, config)
-    except Exception as err:  # noqa: BLE001 - incompatible with what is stored: load it as it is
+    except BaseException as err:  # a refusal, or a panic (a BaseException): the file as it was, always
         _restore(path, before)
-        return _stored_pool(where, f"Edge refused its configuration read back ({err})")
-    changed = _changed(stored, json.loads(path.read_bytes()))
+        if not _is_engine_error(err):
+            raise
+        return _stored_pool(where, f"loading with its configuration read back failed ({err})")
+    try:
+        changed = _changed(stored, json.loads(path.read_bytes()))
+    except (OSError, ValueError) as err:
+        changed = f"unreadable after loading ({err!r})"
     if changed:
         shard.close()
         _restore(path, before)
@@ -162,9 +170,19 @@ def _stored_pool(where: str, why: str) -> qe.EdgeShard:
 
 
 def _restore(path: Path, content: bytes) -> None:
+    """Put `content` back as the file, atomically (a crash leaves the old or the new file, whole)."""
     try:
-        if path.read_bytes() != content:
-            path.write_bytes(content)
+        if path.read_bytes() == content:
+            return
+    except OSError:
+        pass
+    tmp = path.with_name(path.name + ".restore")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except OSError as err:
         raise DatabaseError(f"cannot restore {path}: {err}") from err
 

@@ -49,6 +49,32 @@ def test_a_module_onnx_cannot_take_runs_its_trace_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING), torch.inference_mode():
         torch.testing.assert_close(traced(x), torch.cummax(x, dim=-1).values * 2)
     assert not traced.eager_only and "runs its torchscript graph" in caplog.text and "cummax" in caplog.text
+    # another shape, or another instance of the same weights, goes straight to the trace
+    again = ShapeTracedModule(_NotExportable().eval(), "onnxruntime")
+    with caplog.at_level(logging.WARNING), torch.inference_mode():
+        caplog.clear()
+        again(torch.randn(3, 5))
+    assert again.runtime_for(x) == "torchscript" and "cummax" not in caplog.text
+    assert [type(fn).__name__ for fn in again._traces.values()] == ["RecursiveScriptModule"]
+
+
+def test_an_onnx_session_is_made_per_thread_count_and_a_trace_serves_any():
+    backbone = tiny_vla(seed=0).vision_backbone
+    x = torch.randn(1, 3, 64, 64)
+    sessions, traces = ShapeTracedModule(backbone, "onnxruntime"), ShapeTracedModule(backbone, "torchscript")
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                sessions(x)
+                traces(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(key[-1] for key in sessions._traces) == [1, 2]
+    assert len(traces._traces) == 1
+    options = next(iter(sessions._traces.values())).session.get_session_options()
+    assert options.intra_op_num_threads in (1, 2) and options.inter_op_num_threads == 1
 
 
 def test_eager_runtime_never_builds_a_graph():
