@@ -215,11 +215,14 @@ class HybridDecoder:
         pays for an export or a trace. Graphs are shared per process: only the first decoder of
         a model builds them."""
         h, w = self.vla.input_hw
-        counts = {self.vla.prompt_views}
-        if self.store is not None:
-            counts.add(min(max(self.query_views, self.vla.prompt_views), len(self.cfg.views)))
+        counts = {self._views_embedded(False)} | ({self._views_embedded(True)} if self.store is not None else set())
         for n in sorted(counts):
             self.backbone(self.vla.preprocess([np.zeros((h, w, 3), dtype=np.uint8)] * n))
+
+    def _views_embedded(self, all_views: bool) -> int:
+        """How many leading views a step's vision embeds (`_vision`)."""
+        n = max(self.query_views, self.vla.prompt_views) if all_views else self.vla.prompt_views
+        return min(n, len(self.cfg.views))
 
     def step(self, obs: Observation) -> tuple[np.ndarray, StepStats]:
         self._validate(obs)
@@ -278,7 +281,7 @@ class HybridDecoder:
         the prompt reads (the primary one for OpenVLA), so `ar` and drafter-mode steps do not pay
         for a camera only retrieval uses (the query is then None). The projector runs only when
         the LLM does (`_new_decode`), so a skipped step pays for vision and retrieval alone."""
-        n = max(self.query_views, self.vla.prompt_views) if all_views else self.vla.prompt_views
+        n = self._views_embedded(all_views)
         with self._timed(lat, "vision"):
             query, patches = embed_views(self.vla, [obs.images[v] for v in self.cfg.views[:n]], self.backbone,
                                          self.query_views)
