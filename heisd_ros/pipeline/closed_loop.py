@@ -8,7 +8,6 @@ windows and its tau candidates placed at quantiles of the F it actually produces
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,23 +17,23 @@ import numpy as np
 from heisd_ros.core.config import FusedMetricConfig
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.kinematics import FusedMetric
+from heisd_ros.pipeline.log_files import READ_ERRORS, open_log
 
 F_QUANTILES = (0.25, 0.5, 0.75, 0.9)
 """Where `f_summary` reports the closed-loop F (the tau candidates of a calibration run)."""
 
 
 def read_trajectories(path: str | Path, method: str = "ar") -> list[np.ndarray]:
-    """The end-effector path [N, 3] of every `method` episode of an eval-libero log (.jsonl / .jsonl.gz)."""
+    """The end-effector path [N, 3] of every `method` episode of an eval-libero log (.jsonl / .jsonl.xz / .jsonl.gz)."""
     p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
     out = []
     try:
-        with opener(p, "rt") as f:
+        with open_log(p) as f:
             for line in f:
                 rec = json.loads(line)
                 if rec.get("kind") == "episode" and rec.get("method") == method:
                     out.append(np.array([s["ee"] for s in rec["steps"]], dtype=np.float64).reshape(-1, 3))
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as err:
+    except (*READ_ERRORS, json.JSONDecodeError, KeyError, ValueError) as err:
         raise ConfigError(f"{p}: not a readable eval-libero log ({err})") from err
     if not out:
         raise ConfigError(f"{p}: no {method} episodes")

@@ -31,6 +31,7 @@ from heisd_ros.pipeline.figures import (
     speedup_figures,
     wilson_interval,
 )
+from heisd_ros.pipeline.log_files import READ_ERRORS, open_log, read_log_text
 from heisd_ros.tools.eval_evidence import (
     contention,
     evidence,
@@ -77,13 +78,11 @@ class ResultLog:
 
     @classmethod
     def read(cls, path: str | Path) -> ResultLog:
-        """An existing log, read only (a run's .jsonl or a committed .jsonl.gz), under its own run key."""
-        import gzip
-
+        """An existing log, read only (a run's .jsonl or a committed .jsonl.xz / .jsonl.gz), under its own run key."""
         p = Path(path)
         try:
-            text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
-        except (OSError, UnicodeDecodeError, gzip.BadGzipFile) as err:
+            text = read_log_text(p)
+        except READ_ERRORS as err:
             raise ConfigError(f"{p}: not a readable eval-libero log ({err})") from err
         log = cls.__new__(cls)
         log.path, log.read_only = p, True
@@ -225,18 +224,15 @@ def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def step_costs(path: str | Path, method: str = "heisd"):
-    """`calibration.StepCosts` from an eval-libero log (.jsonl or .jsonl.gz): the median step time
+    """`calibration.StepCosts` from an eval-libero log (.jsonl, .jsonl.xz or .jsonl.gz): the median step time
     of `method` in drafter mode, in retrieval mode accepted in one forward, and in retrieval mode
     finished by the drafter (what a cost-aware tau weighs, measured on this machine)."""
-    import gzip
-
     from heisd_ros.pipeline.calibration import StepCosts
 
     p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
     groups: dict[str, list[float]] = {"drafter": [], "pass": [], "fail": []}
     try:
-        with opener(p, "rt") as f:
+        with open_log(p) as f:
             for line in f:
                 rec = json.loads(line)
                 if rec.get("kind") != "episode" or rec.get("method") != method:
@@ -246,7 +242,7 @@ def step_costs(path: str | Path, method: str = "heisd"):
                         groups["drafter"].append(st["ms"]["total"])
                     elif st["mode"] == "retrieval":
                         groups["pass" if st["forwards"] == 1 else "fail"].append(st["ms"]["total"])
-    except (OSError, json.JSONDecodeError, KeyError) as err:
+    except (*READ_ERRORS, json.JSONDecodeError, KeyError) as err:
         raise ConfigError(f"{p}: not a readable eval-libero log ({err})") from err
     missing = [k for k, v in groups.items() if not v]
     if missing:

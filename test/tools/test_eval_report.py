@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import math
 from pathlib import Path
 
@@ -154,11 +155,14 @@ def test_report_from_log_rebuilds_a_subset_without_running(tmp_path: Path, capsy
     assert "`heisd eval-libero --methods ar,heisd` (4 episodes" in md and "resumed" not in md  # who ran them
     assert not out.with_suffix(".jsonl").exists()
     assert len(ResultLog(log_path, key).episodes) == 4  # the log is read, never written
-    gz = tmp_path / "run.jsonl.gz"  # the committed form of a log
+    gz = tmp_path / "run.jsonl.gz"  # the older committed form of a log
     gz.write_bytes(gzip.compress(log_path.read_bytes()))
-    assert main(["--report-from", str(gz), "--tasks", "0-1", "--init-states", "40", "--methods", "heisd",
-                 "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["heisd"]["episodes"] == 2
+    xz = tmp_path / "run.jsonl.xz"  # the current one
+    xz.write_bytes(lzma.compress(log_path.read_bytes()))
+    for committed in (gz, xz):
+        assert main(["--report-from", str(committed), "--tasks", "0-1", "--init-states", "40", "--methods", "heisd",
+                     "--out", str(out)]) == 0
+        assert json.loads(out.read_text())["heisd"]["episodes"] == 2
     with pytest.raises(ConfigError, match="read only"):  # a committed log is never appended to
         ResultLog.read(gz).append({"kind": "session"})
     # an episode the log does not hold is an error, not a silently smaller report
