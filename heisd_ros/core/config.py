@@ -339,6 +339,11 @@ class DecoderConfig:
     """How the vision backbone runs (heisd_ros/core/traced.py): 'onnxruntime' (exported once per
     input shape; float32 on the CPU, else 'torchscript'), 'torchscript' (a frozen trace) or
     'eager'. The same features within float rounding: every method of a run uses the same one."""
+    llm_linear: str = "onednn"
+    """The LLM decoder layers' linear kernel (heisd_ros/models/packed_linear.py): 'onednn' (weights
+    packed once at load for forwards of several tokens; float32 on the CPU, else torch's) or
+    'torch'. The same logits within float rounding; prefills and verifications take about a
+    sixth less time, at the cost of a second copy of the layer weights."""
 
     def __post_init__(self) -> None:
         require(self.unknown_task in ("error", "drafter"), "unknown_task must be 'error' or 'drafter'")
@@ -351,6 +356,7 @@ class DecoderConfig:
         require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
         require(self.vision_runtime in ("onnxruntime", "torchscript", "eager"),
                 f"vision_runtime must be 'onnxruntime', 'torchscript' or 'eager', got {self.vision_runtime!r}")
+        require(self.llm_linear in ("onednn", "torch"), f"llm_linear must be 'onednn' or 'torch', got {self.llm_linear!r}")
 
     @property
     def query_view_count(self) -> int:

@@ -33,17 +33,23 @@ class ModelSpec:
     """The dataset statistics that (un)normalise actions ('' = the model's only or default one)."""
     center_crop: bool = False
     """OpenVLA's 90 % centre crop of every frame (OpenVLA checkpoints only)."""
+    llm_linear: str = "torch"
+    """The LLM decoder layers' linear kernel: 'torch', or 'onednn' (packed once; float32 CPU only,
+    heisd_ros/models/packed_linear.py). Decoding loads with `decoder.llm_linear` (`of_decoder`);
+    a tool that trains or embeds keeps torch's."""
 
     def __post_init__(self) -> None:
         if not self.directory:
             raise ConfigError("a model directory is required")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unsupported dtype {self.dtype!r}; one of {list(DTYPES)}")
+        if self.llm_linear not in ("onednn", "torch"):
+            raise ConfigError(f"llm_linear must be 'onednn' or 'torch', got {self.llm_linear!r}")
 
     @classmethod
     def of_decoder(cls, directory: str, cfg: Any) -> ModelSpec:
-        """The spec a DecoderConfig (`dtype`, `device`, `unnorm_key`, `center_crop`) runs `directory` with."""
-        return cls(directory, cfg.dtype, cfg.device, cfg.unnorm_key, cfg.center_crop)
+        """The spec a DecoderConfig (`dtype`, `device`, `unnorm_key`, `center_crop`, `llm_linear`) runs `directory` with."""
+        return cls(directory, cfg.dtype, cfg.device, cfg.unnorm_key, cfg.center_crop, cfg.llm_linear)
 
     def recorded(self) -> dict[str, Any]:
         """What a database built from this model records of how it was loaded (its manifest)."""

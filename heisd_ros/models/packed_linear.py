@@ -1,0 +1,92 @@
+"""The LLM's linear layers on oneDNN with weights packed once at load (CPU, float32).
+
+A speculative step's verification forward carries several tokens (the prompt and a fused draft
+tree, or the pending token and the drafter's tree). oneDNN, with the weight packed once in its
+blocked layout, does those products in about two thirds of the time torch's own CPU linear takes
+at 2-48 rows; a one-row decode (ar's) is not faster on it (a 6-layer decode forward 6.4 against
+6.0 ms), so one row keeps torch's kernel (`python benchmarks/linear_kernel.py` measures the steps).
+The outputs equal torch's within float rounding; `decoder.llm_linear` 'torch' keeps torch's kernel
+for every row count. The cost: the packed copy beside the dense weights (the decoder layers'
+weight bytes once more; 38 MB for the mini VLA).
+
+This is how the model is loaded (`ModelSpec.llm_linear`), not a decoder's state: every decoder over
+one loaded model runs the same kernel, as every method of a run must.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+LLM_LINEARS = ("onednn", "torch")
+_ROWS_HINT = 16
+"""The batch size oneDNN blocks the packed weight for (a verification forward's rows)."""
+MAX_PACKED_BYTES = 2 << 30
+"""Above this many bytes of decoder-layer weights the copy is not made (a 7B LLM in float32 on a
+CPU would need 26 GB more): such a model keeps torch's kernel, with an info line saying so."""
+
+
+def onednn_linear_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear (x86 builds with MKL-DNN)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear whose multi-row inference runs on a oneDNN-packed copy of its weight.
+
+    The dense weight and bias stay (the same tensors, so state_dict and every reader are
+    unchanged); one row, anything autograd needs (training) and a weight moved off float32 on the
+    CPU run on them. The packed copy is not module state (`.to()` leaves it) and is rebuilt when
+    the weight is written in place.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self._packed, self._packed_version = self._pack()
+
+    def _pack(self) -> tuple[torch.Tensor, int]:
+        return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _ROWS_HINT), self.weight._version
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        w = self.weight
+        if (rows.shape[0] == 1 or w.dtype != torch.float32 or w.device.type != "cpu" or x.dtype != torch.float32
+                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            return nn.functional.linear(x, w, self.bias)
+        if w._version != self._packed_version:
+            self._packed, self._packed_version = self._pack()
+        bias = None if self.bias is None else self.bias.detach()
+        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, onednn"
+
+
+def pack_decoder_layers(language_model: nn.Module, device: str, dtype: str) -> int:
+    """Replace every nn.Linear in the LLM's decoder layers (`language_model.model.layers`) with a
+    PackedLinear; returns how many. Only float32 on the CPU; elsewhere (GPU, bf16, a build without
+    oneDNN) nothing changes and 0 is returned. The lm_head is left alone: decoding reads only its
+    256 action rows, as a plain matrix."""
+    if torch.device(device).type != "cpu" or dtype != "float32":
+        return 0
+    if not onednn_linear_available():
+        log.warning("llm_linear 'onednn': this torch build has no oneDNN linear; the LLM runs torch's own")
+        return 0
+    targets = [(parent, name, child) for layer in language_model.model.layers for parent in layer.modules()
+               for name, child in parent.named_children() if type(child) is nn.Linear]
+    size = sum(child.weight.numel() * child.weight.element_size() for _, _, child in targets)
+    if size > MAX_PACKED_BYTES:
+        log.info("llm_linear 'onednn': the decoder layers hold %.1f GB, over the %.1f GB a packed copy may add; "
+                 "the LLM runs torch's kernel", size / 1e9, MAX_PACKED_BYTES / 1e9)
+        return 0
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child))
+    return len(targets)
