@@ -15,7 +15,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
 import time
 from typing import Any, Callable
 
@@ -186,6 +188,7 @@ class ManagedPolicy:
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self._close_session()
+        _return_freed_memory()
         self.get_logger().info("cleaned up: model and database released")
         return TransitionCallbackReturn.SUCCESS
 
@@ -260,3 +263,16 @@ def close_decoder(decoder: Decoder, logger: Any) -> None:
         decoder.close()
     except HeisdError as err:
         logger.warning(f"closing the decoder: {err}")
+
+
+def _return_freed_memory() -> None:
+    """Hand a released model's memory back to the OS. glibc keeps freed heap pages in its arenas
+    (and, once a large block has been freed, serves later large blocks from them), so without a
+    trim a cleaned-up node stays as large as the first model made it; the next configure then
+    adds its own model on top. No-op where the C library has no `malloc_trim` (not glibc)."""
+    gc.collect()  # the decoder's reference cycles, before their memory is trimmed
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
