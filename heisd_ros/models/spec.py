@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from heisd_ros.core.errors import ConfigError, DatabaseError
 from heisd_ros.models.dtypes import DTYPES
+from heisd_ros.models.packed_linear import LLM_LINEARS
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class ModelSpec:
             raise ConfigError("a model directory is required")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unsupported dtype {self.dtype!r}; one of {list(DTYPES)}")
-        if self.llm_linear not in ("onednn", "torch"):
+        if self.llm_linear not in LLM_LINEARS:
             raise ConfigError(f"llm_linear must be 'onednn' or 'torch', got {self.llm_linear!r}")
 
     @classmethod
