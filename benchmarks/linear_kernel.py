@@ -28,7 +28,6 @@ import torch
 from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.drafter import load_drafter
 from heisd_ros.core.engine import HybridDecoder
-from heisd_ros.core.verifier import TargetSession
 from heisd_ros.models.loader import load_model
 from heisd_ros.models.spec import ModelSpec
 from heisd_ros.pipeline.outputs import git_revision
@@ -36,28 +35,6 @@ from heisd_ros.tools.bench import demo_observations
 
 KERNELS = ("torch", "onednn")
 WARMUP = 5
-
-
-class _ForwardClock:
-    """Wall time of every TargetSession.forward, keyed by whether it carried one row or several."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, list[float]] = defaultdict(list)
-        self._forward = TargetSession.forward
-        clock = self
-
-        def timed(session, chain_embeds, tree=None, action_index=0):
-            rows = chain_embeds.shape[0] + (len(tree) if tree is not None else 0)
-            t0 = time.perf_counter()
-            out = clock._forward(session, chain_embeds, tree, action_index)
-            clock.ms["one_row" if rows == 1 else "rows"].append((time.perf_counter() - t0) * 1e3)
-            return out
-
-        TargetSession.forward = timed
-
-    def take(self) -> dict[str, list[float]]:
-        out, self.ms = dict(self.ms), defaultdict(list)
-        return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     observations = [o for ep in demo_observations(a.demos, a.model, a.tasks, a.episodes, a.steps) for o in ep]
     results: dict = {}
-    clock = _ForwardClock()
     for method in a.methods.split(","):
         decoders = {}
         for kernel in KERNELS:
@@ -89,15 +65,16 @@ def main(argv: list[str] | None = None) -> int:
         tokens = {k: [] for k in KERNELS}
         for i, obs in enumerate(observations):
             for kernel, decoder in decoders.items():
-                clock.take()
                 t0 = time.perf_counter()
                 _, stats = decoder.step(obs)
                 ms = (time.perf_counter() - t0) * 1e3
                 tokens[kernel].append(list(stats.tokens))
                 if i >= WARMUP:
                     steps[kernel].append(ms)
-                    for rows, values in clock.take().items():
-                        forwards[kernel][rows] += values
+                    for i_fwd, fwd_ms in enumerate(stats.forward_ms):
+                        # a step's first forward is its prefill; after it, only ar decodes one row
+                        one_row = i_fwd > 0 and stats.mode == "ar"
+                        forwards[kernel]["one_row" if one_row else "rows"].append(fwd_ms)
         results[method] = {
             kernel: {"steps": len(steps[kernel]), "mean_step_ms": float(np.mean(steps[kernel])),
                      "median_step_ms": float(np.median(steps[kernel])),

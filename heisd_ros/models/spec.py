@@ -45,7 +45,7 @@ class ModelSpec:
         if self.dtype not in DTYPES:
             raise ConfigError(f"unsupported dtype {self.dtype!r}; one of {list(DTYPES)}")
         if self.llm_linear not in LLM_LINEARS:
-            raise ConfigError(f"llm_linear must be 'onednn' or 'torch', got {self.llm_linear!r}")
+            raise ConfigError(f"llm_linear must be one of {LLM_LINEARS}, got {self.llm_linear!r}")
 
     @classmethod
     def of_decoder(cls, directory: str, cfg: Any) -> ModelSpec:

@@ -13,8 +13,6 @@ import lzma
 from pathlib import Path
 from typing import IO
 
-COMPRESSED_SUFFIXES = (".gz", ".xz")
-
 READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError)
 """What opening or reading a damaged or mislabelled log raises (gzip.BadGzipFile is an OSError)."""
 
