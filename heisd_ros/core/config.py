@@ -340,10 +340,10 @@ class DecoderConfig:
     input shape; float32 on the CPU, else 'torchscript'), 'torchscript' (a frozen trace) or
     'eager'. The same features within float rounding: every method of a run uses the same one."""
     llm_linear: str = "onednn"
-    """The LLM decoder layers' linear kernel (heisd_ros/models/packed_linear.py): 'onednn' (weights
-    packed once at load for forwards of several tokens; float32 on the CPU, else torch's) or
-    'torch'. The same logits within float rounding; prefills and verifications take about a
-    sixth less time, at the cost of a second copy of the layer weights."""
+    """The linear kernel of the LLM's decoder layers (heisd_ros/models/packed_linear.py) and of the
+    drafter (core/drafter_block.py): 'onednn' (weights packed once for products of several rows;
+    float32 on the CPU, else torch's) or 'torch'. The same logits within float rounding; prefills,
+    verifications and drafting take less time, at the cost of a second copy of those weights."""
 
     def __post_init__(self) -> None:
         require(self.unknown_task in ("error", "drafter"), "unknown_task must be 'error' or 'drafter'")

@@ -14,13 +14,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from heisd_ros.core.config import DrafterTreeConfig
+from heisd_ros.core.drafter_block import FusedDrafterBlock, causal_visibility
 from heisd_ros.core.errors import ModelLoadError
 from heisd_ros.core.tree import DraftTree
-from heisd_ros.core.verifier import build_attention, compact_cache, llama_forward
 
 
 class EagleDrafter(nn.Module):
@@ -42,12 +44,11 @@ class EagleDrafter(nn.Module):
         """features, token_embeds [T, D] -> block inputs [T, D]."""
         return self.fc(torch.cat([token_embeds, features], dim=-1))
 
-    def forward(self, features, token_embeds, attention_mask=None, position_ids=None, cache=None):
-        """Predicted next features [1, T, D] (training: causal over a whole sequence)."""
+    def forward(self, features, token_embeds, attention_mask=None, position_ids=None):
+        """Predicted next features [B, T, D], causal over whole sequences (training, and the
+        reference the inference block is tested against: `core.drafter_block`)."""
         x = self.fuse(features, token_embeds)
         x = x[None] if x.dim() == 2 else x
-        if cache is not None:  # decoding: our own 4-D mask, lean forward
-            return llama_forward(self.block, x, attention_mask, position_ids, cache)
         return self.block(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
 
     def save(self, directory: str | Path) -> None:
@@ -92,12 +93,10 @@ class _Node:
 class DrafterSession:
     """The drafter's KV cache for one control step, and EAGLE-2 tree expansion."""
 
-    def __init__(self, drafter: EagleDrafter, target_embed: nn.Embedding, head_weight: torch.Tensor,
+    def __init__(self, block: FusedDrafterBlock, target_embed: nn.Embedding, head_weight: torch.Tensor,
                  first_token_id: int, logit_bias: torch.Tensor | None = None) -> None:
-        from transformers import DynamicCache
-
-        self.drafter = drafter
-        self.embed = target_embed
+        self.block = block
+        self.embed_weight = target_embed.weight
         self.head_weight = head_weight
         self.first_token_id = first_token_id
         """Token id of head_weight's row 0 (the VLA's `action_tokenizer.first_token_id`): the
@@ -106,8 +105,12 @@ class DrafterSession:
         self.logit_bias = logit_bias
         """[7, 256]: the verifier's per-action-index bias (`TargetSession.logit_bias`), added here
         too so the drafter proposes what the verifier will pick."""
-        self.cache = DynamicCache(config=drafter.config)
-        self.length = 0
+        self.cache = block.new_cache()
+
+    @property
+    def length(self) -> int:
+        """Committed pairs in the cache."""
+        return self.cache.length
 
     @torch.inference_mode()
     def extend(self, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
@@ -116,10 +119,10 @@ class DrafterSession:
         The last pair is the pending token's (its feature produced the token); the returned
         drafter output for it [D] is the root of the next draft tree.
         """
-        mask, pos = build_attention(self.length, features.shape[0], None, features.dtype, features.device)
-        out = self.drafter(features, next_embeds, attention_mask=mask, position_ids=pos, cache=self.cache)
-        self.length += features.shape[0]
-        return out[0, -1]
+        t, past = features.shape[0], self.cache.length
+        positions = torch.arange(past, past + t, device=features.device)
+        out = self.block(features, next_embeds, positions, causal_visibility(past, t, features.device), self.cache)
+        return out[-1]
 
     @torch.inference_mode()
     def expand(self, root_hidden: torch.Tensor, depth: int, cfg: DrafterTreeConfig, action_index: int = 0) -> DraftTree:
@@ -132,7 +135,7 @@ class DrafterSession:
         expanded nodes are dropped at the end. `action_index`: the action dimension of the root's
         children (read only where a logit bias is set).
         """
-        base = self.length
+        base = self.cache.length
         nodes: list[_Node] = []
         hidden_of: dict[int, torch.Tensor] = {-1: root_hidden}  # drafter output per expanded node
         frontier = self._children(root_hidden[None], [-1], [0.0], cfg.top_k, nodes, action_index)
@@ -147,12 +150,13 @@ class DrafterSession:
             slot += len(frontier)
             tokens = torch.tensor([nodes[i].token for i in frontier], device=root_hidden.device)
             parents = torch.stack([hidden_of[nodes[i].parent] for i in frontier])
-            out = self._run(parents, self.embed(tokens), [self._ancestor_slots(nodes, i) for i in frontier], base)
+            out = self._run(parents, F.embedding(tokens, self.embed_weight),
+                            [self._ancestor_slots(nodes, i) for i in frontier], base)
             for row, i in enumerate(frontier):
                 hidden_of[i] = out[row]
             frontier = self._children(out, frontier, [nodes[i].score for i in frontier], cfg.top_k, nodes,
                                       action_index + level)
-        compact_cache(self.cache, base, [])
+        self.cache.crop(base)
         keep = sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: cfg.total_tokens]
         return _to_tree(nodes, set(keep))
 
@@ -181,17 +185,14 @@ class DrafterSession:
 
     def _run(self, features, token_embeds, visible_slots: list[list[int]], base: int) -> torch.Tensor:
         """Drafter forward for tree nodes: each row sees the committed cache [0, base) and its slots."""
-        t = features.shape[0]
-        past = self.cache.get_seq_length()
-        allowed = torch.zeros(t, past + t, dtype=torch.bool, device=features.device)
-        allowed[:, :base] = True
+        t, past = features.shape[0], self.cache.length
+        visible = np.zeros((t, past + t), dtype=bool)
+        visible[:, :base] = True
         for row, slots in enumerate(visible_slots):
-            allowed[row, slots] = True
-        mask = torch.zeros(allowed.shape, dtype=features.dtype, device=features.device)
-        mask.masked_fill_(~allowed, torch.finfo(features.dtype).min)
+            visible[row, slots] = True
         # A node at depth d sits at position base - 1 + d (the root is the last committed position).
-        pos = torch.tensor([[base - 1 + len(s) for s in visible_slots]], device=features.device)
-        return self.drafter(features, token_embeds, attention_mask=mask[None, None], position_ids=pos, cache=self.cache)[0]
+        positions = torch.tensor([base - 1 + len(s) for s in visible_slots], device=features.device)
+        return self.block(features, token_embeds, positions, torch.from_numpy(visible).to(features.device), self.cache)
 
 
 def _to_tree(nodes: list[_Node], keep: set[int]) -> DraftTree:

@@ -27,6 +27,7 @@ import torch
 from heisd_ros.core.acceptance import AcceptanceRule, TreeAcceptance, make_rule, walk_tree
 from heisd_ros.core.config import DecoderConfig, require
 from heisd_ros.core.drafter import DrafterSession, EagleDrafter
+from heisd_ros.core.drafter_block import FusedDrafterBlock
 from heisd_ros.core.errors import DatabaseError, InvalidObservationError, UnknownTaskError
 from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.kinematics import FusedMetric
@@ -134,6 +135,8 @@ class HybridDecoder:
         self.backbone = ShapeTracedModule(vla.vision_backbone, cfg.vision_runtime)  # same outputs, less time
         self.store = store
         self.drafter = drafter
+        # the drafter's inference forward on weights fused once (a call per draft depth, few ops)
+        self.drafter_block = FusedDrafterBlock(drafter, cfg.llm_linear) if drafter is not None and cfg.method in NEEDS_DRAFTER else None
         self.state_prior = state_prior
         self.stats_norm = vla.stats(cfg.unnorm_key or None)
         self.vocab_size = vla.action_tokenizer.vocab_size
@@ -317,7 +320,7 @@ class HybridDecoder:
             st.retrieval_score = float(hits[0].score)
         return hits
 
-    def _retrieval_mode(self, obs, hits: list[Hit], patches, st: StepStats, lat: dict) -> "_StepDecode | None":
+    def _retrieval_mode(self, obs, hits: list[Hit], patches, st: StepStats, lat: dict) -> _StepDecode | None:
         st.mode = "retrieval"
         if self.cfg.method == "heisd" and self.cfg.verify_skip.enabled:
             for i, hit in enumerate(hits):
@@ -348,8 +351,8 @@ class HybridDecoder:
             bias = self._prior_bias(obs)
         target = TargetSession(self.vla.language_model, self.head, logit_bias=bias)
         drafter = None
-        if self.drafter is not None and self.cfg.method in NEEDS_DRAFTER:
-            drafter = DrafterSession(self.drafter, self.vla.get_input_embeddings(), self.head,
+        if self.drafter_block is not None:
+            drafter = DrafterSession(self.drafter_block, self.vla.get_input_embeddings(), self.head,
                                      self.vla.action_tokenizer.first_token_id, logit_bias=bias)
         return _StepDecode(target, drafter, prompt)
 

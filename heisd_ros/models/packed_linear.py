@@ -20,19 +20,17 @@ import logging
 import torch
 from torch import nn
 
+from heisd_ros.core import onednn
+
 log = logging.getLogger(__name__)
 
 LLM_LINEARS = ("onednn", "torch")
-_ROWS_HINT = 16
-"""The batch size oneDNN blocks the packed weight for (a verification forward's rows)."""
-MAX_PACKED_BYTES = 2 << 30
-"""Above this many bytes of decoder-layer weights the copy is not made (a 7B LLM in float32 on a
-CPU would need 26 GB more): such a model keeps torch's kernel, with an info line saying so."""
+MAX_PACKED_BYTES = onednn.MAX_PACKED_BYTES
 
 
 def onednn_linear_available() -> bool:
     """Whether this torch build has oneDNN's packed linear (x86 builds with MKL-DNN)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return onednn.available()
 
 
 class PackedLinear(nn.Module):
@@ -52,7 +50,7 @@ class PackedLinear(nn.Module):
         self._packed, self._packed_version = self._pack()
 
     def _pack(self) -> tuple[torch.Tensor, int]:
-        return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _ROWS_HINT), self.weight._version
+        return onednn.pack(self.weight), self.weight._version
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -63,7 +61,7 @@ class PackedLinear(nn.Module):
         if w._version != self._packed_version:
             self._packed, self._packed_version = self._pack()
         bias = None if self.bias is None else self.bias.detach()
-        out = torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
+        out = onednn.linear(rows, self._packed, bias)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

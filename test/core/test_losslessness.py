@@ -16,6 +16,7 @@ import torch
 from heisd_ros.core.acceptance import StrictRule, make_rule
 from heisd_ros.core.config import AcceptanceConfig, DecoderConfig, DrafterTreeConfig, VerifySkipConfig
 from heisd_ros.core.drafter import DrafterSession
+from heisd_ros.core.drafter_block import FusedDrafterBlock
 from heisd_ros.core.engine import HybridDecoder, _StepDecode, embed_views
 from heisd_ros.core.tree import DraftTree, sequence_tree
 from heisd_ros.core.verifier import TargetSession
@@ -27,7 +28,7 @@ SEEDS = range(50)
 def new_decode(vla, obs, drafter=None) -> _StepDecode:
     _, patches = embed_views(vla, [obs.images["agentview"], obs.images["wrist"]])
     prompt = vla.prompt_embeds(obs.instruction, vla.projector(patches[0]))[0]
-    session = DrafterSession(drafter, vla.get_input_embeddings(), vla.action_head_weight(),
+    session = DrafterSession(FusedDrafterBlock(drafter), vla.get_input_embeddings(), vla.action_head_weight(),
                              vla.action_tokenizer.first_token_id) if drafter else None
     return _StepDecode(TargetSession(vla.language_model, vla.action_head_weight()), session, prompt)
 

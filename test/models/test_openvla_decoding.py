@@ -23,6 +23,7 @@ from heisd_ros.core.config import (
     VerifySkipConfig,
 )
 from heisd_ros.core.drafter import DrafterSession, EagleDrafter
+from heisd_ros.core.drafter_block import FusedDrafterBlock
 from heisd_ros.core.engine import HybridDecoder, _StepDecode, embed_views
 from heisd_ros.core.verifier import TargetSession
 from heisd_ros.models.openvla import load_openvla
@@ -81,7 +82,7 @@ def test_drafter_proposes_action_ids_of_the_unpadded_vocabulary(vla, drafter):
             obs = random_observation(seed)
             _, patches = embed_views(vla, [obs.images["agentview"]])
             prompt = vla.prompt_embeds(obs.instruction, vla.projector(patches[0]))[0]
-            session = DrafterSession(drafter, vla.get_input_embeddings(), head, first)
+            session = DrafterSession(FusedDrafterBlock(drafter), vla.get_input_embeddings(), head, first)
             dec = _StepDecode(TargetSession(vla.language_model, head), session, prompt)
             dec.forward(None, StrictRule(), vla.action_tokenizer.vocab_size)
             seen |= set(dec.draft(4, cfg).tokens)
@@ -179,8 +180,8 @@ def test_a_trained_drafter_is_accepted_beyond_one_token_per_forward(vla, referen
     assert fixed > 1.5, fixed
     real_init = DrafterSession.__init__
 
-    def offset_bug(self, drafter, embed, head, first_token_id, logit_bias=None):
-        real_init(self, drafter, embed, head, embed.num_embeddings - 256, logit_bias)
+    def offset_bug(self, block, embed, head, first_token_id, logit_bias=None):
+        real_init(self, block, embed, head, embed.num_embeddings - 256, logit_bias)
 
     monkeypatch.setattr(DrafterSession, "__init__", offset_bug)
     buggy = tokens_per_forward()
