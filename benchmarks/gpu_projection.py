@@ -138,22 +138,24 @@ def measure(shape_name: str, device: str, dtype: torch.dtype, repeat: int, tree_
             compact_cache(base, prompt_len, [])
         return run
 
-    dcache = DynamicCache(config=drafter.config)
+    from heisd_ros.core.drafter_block import FusedDrafterBlock, causal_visibility
+
+    block = FusedDrafterBlock(drafter)  # the drafter as decoding runs it (torch's kernel off the CPU)
     feats = torch.randn(prompt_len, d, device=device, dtype=dtype) * 0.02
+    positions = torch.arange(prompt_len, device=device)
+    visible = causal_visibility(0, prompt_len, torch.device(device))
 
     def drafter_extend():
-        m, p = build_attention(0, prompt_len, None, dtype, torch.device(device))
-        drafter(feats, feats, attention_mask=m, position_ids=p, cache=DynamicCache(config=drafter.config))
+        block(feats, feats, positions, visible, block.new_cache())
 
-    m0, p0 = build_attention(0, prompt_len, None, dtype, torch.device(device))
-    drafter(feats, feats, attention_mask=m0, position_ids=p0, cache=dcache)
+    dcache = block.new_cache()
+    block(feats, feats, positions, visible, dcache)
+    frontier_positions = torch.full((draft_top_k,), prompt_len, device=device)
+    frontier_visible = torch.ones(draft_top_k, prompt_len + draft_top_k, dtype=torch.bool, device=device)
 
     def drafter_call():
-        from heisd_ros.core.verifier import compact_cache
-
-        m, p = build_attention(prompt_len, draft_top_k, None, dtype, torch.device(device))
-        drafter(feats[:draft_top_k], feats[:draft_top_k], attention_mask=m, position_ids=p, cache=dcache)
-        compact_cache(dcache, prompt_len, [])
+        block(feats[:draft_top_k], feats[:draft_top_k], frontier_positions, frontier_visible, dcache)
+        dcache.crop(prompt_len)
 
     costs = {
         "vision_1view_ms": timeit(vision(1), device, repeat),
