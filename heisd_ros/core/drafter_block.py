@@ -105,7 +105,6 @@ class FusedDrafterBlock:
         packed = (linear_kernel == "onednn" and size <= onednn.MAX_PACKED_BYTES
                   and all(onednn.packable(w) for w in weights.values()))
         self.fc, self.qkv, self.o, self.gate_up, self.down = (_Product(w, packed) for w in weights.values())
-        self.packed = packed
         self.norm_in = layer.input_layernorm.weight.detach()
         self.norm_post = layer.post_attention_layernorm.weight.detach()
         self.norm_out = drafter.block.norm.weight.detach()
@@ -124,6 +123,11 @@ class FusedDrafterBlock:
         ids = torch.arange(positions, device=weight.device)[None]
         cos, sin = drafter.block.rotary_emb(weight[:1, None], position_ids=ids)
         return cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the products of several rows run on oneDNN-packed weights."""
+        return self.fc.packed is not None
 
     def new_cache(self) -> DrafterCache:
         return DrafterCache(self.kv_heads, self.head_dim, self.fc.weight.dtype, self.fc.weight.device)
