@@ -21,7 +21,13 @@ ABLATIONS="heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.en
 ABLATIONS+='heisd_token=heisd:acceptance.retrieval_rule="token";'
 ABLATIONS+='heisd_boundary=heisd:acceptance.retrieval_rule="strict",verify_skip.enabled=false'
 SUBSET=heisd_tau0,heisd_taufit,heisd_noskip,heisd_token,heisd_boundary
-tau_fit() { .venv/bin/python -c "import json; print(json.load(open('$E/calibration_fitted.json'))['fused_metric']['tau'])"; }
+# The closed loop's balanced-fit tau (stage fit). A fresh machine that evaluates the committed point
+# without rerunning stages loop and fit sets TAU_FIT to the value in the last report's variants.
+tau_fit() {
+    if [ -n "${TAU_FIT:-}" ]; then echo "$TAU_FIT"; return; fi
+    [ -f $E/calibration_fitted.json ] || { echo "no $E/calibration_fitted.json: run STAGE=fit or set TAU_FIT" >&2; exit 2; }
+    .venv/bin/python -c "import json; print(json.load(open('$E/calibration_fitted.json'))['fused_metric']['tau'])"
+}
 COMMON=(--model $E/vla --drafter models/mini_libero/drafter --position-pool 20 --suite libero_object
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
 
@@ -102,13 +108,16 @@ if stage choose; then
 fi
 
 if stage eval; then
-    if ! cmp -s $E/calibration.json models/mini_libero/calibration.json || [ -n "$(git status --porcelain -uno)" ]; then
+    # The committed point is what runs; where STAGE=choose ran here, it must be what choose wrote.
+    if { [ -f $E/calibration.json ] && ! cmp -s $E/calibration.json models/mini_libero/calibration.json; } \
+        || [ -n "$(git status --porcelain -uno)" ]; then
         echo "the evaluation runs the committed point: models/mini_libero/calibration.json must equal" \
              "$E/calibration.json and the checkout be clean (commit after STAGE=choose)" >&2
         exit 2
     fi
+    taufit=$(tau_fit)
     shards $E/eval 40-49 models/mini_libero/calibration.json ar,drafter,specvla,retrieval,heisd \
-        "$ABLATIONS;heisd_taufit=heisd:fused_metric.tau=$(tau_fit)" --subset-methods $SUBSET --subset-init-states 40-42
+        "$ABLATIONS;heisd_taufit=heisd:fused_metric.tau=$taufit" --subset-methods $SUBSET --subset-init-states 40-42
 fi
 
 if stage report; then

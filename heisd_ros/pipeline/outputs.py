@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,18 @@ def source_revision() -> str:
     except (OSError, subprocess.CalledProcessError):
         return rev
     return rev + "+dirty" if out.stdout.strip() else rev
+
+
+def cpu_model() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux): step times are comparable within one
+    machine only, so a run records what it ran on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def write_json(path: str | Path, data: dict) -> None:

@@ -55,7 +55,7 @@ from typing import Any
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
-from heisd_ros.pipeline.outputs import git_revision, progress_bar, source_revision, write_json
+from heisd_ros.pipeline.outputs import cpu_model, git_revision, progress_bar, source_revision, write_json
 from heisd_ros.tools.args import parse_range
 from heisd_ros.tools.eval_config import PURPOSE_INIT_STATES, EvalLiberoConfig
 from heisd_ros.tools.eval_episodes import run_pair
@@ -82,7 +82,7 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     # First, so that a process stopped before its `session` line still names its revision. Read
     # once: the code of this process is the revision it started at, whatever is committed meanwhile.
     rev = git_revision()
-    log.append({"kind": "session_start", "command": command, "git_rev": rev,
+    log.append({"kind": "session_start", "command": command, "git_rev": rev, "cpu": cpu_model(),
                 "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     for rec in log.episodes:  # resume an online method: the thresholds an uninterrupted run would have
         if rec["method"] in pol.online:
@@ -181,6 +181,8 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
         "model": key, "log": str(log.path),
         "invocations": [{k: v for k, v in sess.items() if k != "probe_top5_ms"} for sess in log.sessions],
         "stopped_invocations": list(getattr(log, "stopped", [])),
+        # step times compare within one machine only: which ones the run's processes started on
+        "machines": sorted({x["cpu"] for x in [*log.sessions, *getattr(log, "stopped", [])] if x.get("cpu")}),
         "db_points": next((x["db_points"] for x in reversed(log.sessions) if x.get("db_points") is not None), None),
         "platform": platform.platform(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "nice": os.nice(0), "loadavg": list(os.getloadavg()),

@@ -54,6 +54,12 @@ def _md_header(meta: dict[str, Any]) -> list[str]:
         out += ["Stopped before their end (their finished episodes are in the log):", ""] + [
             f"- `{x.get('command', '')}` ({x.get('episodes_logged', 0)} episodes, git `{str(x.get('git_rev', ''))[:10]}`, "
             f"started {x.get('time_utc', '?')})" for x in stopped] + [""]
+    machines = meta.get("machines", [])
+    if len(machines) == 1:
+        out += [f"Machine: {machines[0]}.", ""]
+    elif machines:  # a run resumed elsewhere: each pair's methods still ran side by side on one machine
+        out += [(f"**Machines: {len(machines)}** ({'; '.join(machines)}): step times of different machines are "
+                 "mixed in the means; each (task, init state) pair's methods ran side by side on one of them."), ""]
     out += [(f"Subset: tasks {meta.get('tasks')}, init states {meta.get('init_states')} "
              f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
              f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "

@@ -121,7 +121,8 @@ class ResultLog:
             elif kind == "session":
                 # The revision a process ran is the one it started at (older logs wrote HEAD at
                 # the end on this line, which a commit made during the run moves).
-                self.sessions.append(r if open_start is None else {**r, "git_rev": open_start["git_rev"]})
+                self.sessions.append(r if open_start is None else
+                                     {**r, "git_rev": open_start["git_rev"], "cpu": open_start.get("cpu")})
                 open_start = None
             elif kind == "episode" and open_start is not None:
                 open_start["episodes_logged"] += 1

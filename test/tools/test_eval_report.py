@@ -259,6 +259,21 @@ def test_a_session_names_the_revision_it_started_at_not_one_committed_during_it(
     assert "git `aaaa`" in text and "bbbb" not in text
 
 
+def test_the_report_names_the_machines_its_processes_ran_on(tmp_path: Path) -> None:
+    """Step times compare within one machine: a run resumed on another CPU says so in its header."""
+    path = tmp_path / "r.jsonl"
+    log = ResultLog(path, {"max_steps": 5})
+    run = _run()
+    log.append({"kind": "session_start", "command": "shard a", "git_rev": "aaaa", "cpu": "CPU One"})
+    log.append(run[0])
+    log.append({"kind": "session", "command": "shard a", "git_rev": "aaaa", "episodes_run": 1})
+    assert ResultLog.read(path).sessions[0]["cpu"] == "CPU One"
+    one = markdown(build_report(run[:1], ["ar", "heisd"], {"machines": ["CPU One"]}))
+    assert "Machine: CPU One." in one and "**Machines" not in one
+    two = markdown(build_report(run[:1], ["ar", "heisd"], {"machines": ["CPU One", "CPU Two"]}))
+    assert "**Machines: 2** (CPU One; CPU Two)" in two
+
+
 def test_a_missed_speed_target_says_by_how_much_and_what_would_close_it() -> None:
     """heisd at 17.75 ms against ar's 40 (2.25x): the mean, the p95 and the accept length all miss;
     the report derives from the run's own mode mix what would reach each target."""
