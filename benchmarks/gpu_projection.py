@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--traces", default="benchmarks/tiny_bench.json", help="bench/eval JSON report with heisd mode mix")
     p.add_argument("--retrieval-ms", type=float, default=None, help="Top-K query cost (default: from the report)")
     p.add_argument("--tree-nodes", type=int, default=32)
-    p.add_argument("--draft-depth", type=int, default=6)
+    p.add_argument("--draft-depth", type=int, default=5,
+                   help="drafter levels a round runs (6 tokens remain; the verify forward yields the last)")
     p.add_argument("--draft-top-k", type=int, default=2)
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--out", default="benchmarks/gpu_projection.json")

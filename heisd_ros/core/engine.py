@@ -365,11 +365,16 @@ class HybridDecoder:
     def _finish(self, decode: _StepDecode, st: StepStats, lat: dict) -> None:
         """Complete the step to 7 tokens: AR for `ar`/`retrieval`, drafter SD otherwise."""
         use_drafter = decode.drafter is not None
+        # A lossless rule accepts a drafted token only where it equals the target's own, and every
+        # forward already yields the target's token after the accepted path (the bonus): the last
+        # missing token is never worth drafting, so the tree stops one level short of it.
+        spare = 1 if self.drafter_rule.lossless else 0
         while decode.remaining > 0:
             tree = None
-            if use_drafter and decode.tokens:
+            depth = min(self.cfg.drafter_tree.depth, decode.remaining - spare)
+            if use_drafter and decode.tokens and depth > 0:
                 with self._timed(lat, "draft"):
-                    tree = decode.draft(min(self.cfg.drafter_tree.depth, decode.remaining), self.cfg.drafter_tree)
+                    tree = decode.draft(depth, self.cfg.drafter_tree)
             with self._timed(lat, "verify"):
                 decode.forward(tree, self.drafter_rule, self.vocab_size)
         st.tokens = tuple(decode.tokens)

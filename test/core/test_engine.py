@@ -43,6 +43,33 @@ def test_unsure_drafter_stops_deepening_at_min_path_prob(vla, drafter, ar, helpe
     assert max(st_shallow.tokens_per_forward) <= 2
 
 
+@pytest.mark.parametrize("method", ["drafter", "specvla"])
+def test_a_lossless_rule_never_drafts_the_last_missing_token(vla, drafter, ar, helpers, monkeypatch, method):
+    """Under the strict rule the verify forward's own (bonus) token is the only one a draft of the
+    last missing index could be accepted as, so drafts stop one index short; a relaxed rule (SpecVLA's)
+    may accept a near token there, so its drafts reach the last index."""
+    from heisd_ros.core.config import DrafterTreeConfig
+    from heisd_ros.core.drafter import DrafterSession
+
+    reached: list[int] = []  # the last action index each draft covers
+    expand = DrafterSession.expand
+
+    def recording_expand(self, root_hidden, depth, cfg, action_index=0):
+        reached.append(action_index + depth - 1)
+        return expand(self, root_hidden, depth, cfg, action_index)
+
+    monkeypatch.setattr(DrafterSession, "expand", recording_expand)
+    dec = HybridDecoder(vla, DecoderConfig(method=method, drafter_tree=DrafterTreeConfig(min_path_prob=0.0)),
+                        drafter=drafter)
+    for seed in range(3):
+        obs = helpers.random_obs(seed)
+        _, st = dec.step(obs)
+        if method == "drafter":
+            assert st.tokens == helpers.ar_tokens(ar, obs)
+    assert reached
+    assert max(reached) == (5 if method == "drafter" else 6), reached
+
+
 def test_fully_accepted_retrieval_step_is_one_forward(vla, demo_store, helpers):
     dec = HybridDecoder(vla, DecoderConfig(method="retrieval"), store=demo_store)
     _, st = dec.step(helpers.random_obs(3))  # the database holds this observation's exact AR tokens
