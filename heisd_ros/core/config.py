@@ -339,10 +339,12 @@ class DecoderConfig:
     """How the vision backbone runs (heisd_ros/core/traced.py): 'onnxruntime' (exported once per
     input shape; float32 on the CPU, else 'torchscript'), 'torchscript' (a frozen trace) or
     'eager'. The same features within float rounding: every method of a run uses the same one."""
-    llm_linear: str = "onednn"
+    llm_linear: str = "auto"
     """The linear kernel of the LLM's decoder layers (heisd_ros/models/packed_linear.py) and of the
     drafter (core/drafter_block.py): 'onednn' (weights packed once for products of several rows;
-    float32 on the CPU, else torch's) or 'torch'. The same logits within float rounding; prefills,
+    float32 on the CPU, else torch's), 'torch', or 'auto': packed where oneDNN is measured faster
+    than torch's kernel on the model's own weights at load (which one wins depends on the processor;
+    heisd_ros/core/onednn.py). The same logits within float rounding; where packing wins, prefills,
     verifications and drafting take less time, at the cost of a second copy of those weights."""
 
     def __post_init__(self) -> None:
@@ -356,7 +358,8 @@ class DecoderConfig:
         require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
         require(self.vision_runtime in ("onnxruntime", "torchscript", "eager"),
                 f"vision_runtime must be 'onnxruntime', 'torchscript' or 'eager', got {self.vision_runtime!r}")
-        require(self.llm_linear in ("onednn", "torch"), f"llm_linear must be 'onednn' or 'torch', got {self.llm_linear!r}")
+        require(self.llm_linear in ("auto", "onednn", "torch"),
+                f"llm_linear must be 'auto', 'onednn' or 'torch', got {self.llm_linear!r}")
 
     @property
     def query_view_count(self) -> int:

@@ -62,15 +62,16 @@ class DrafterCache:
 
 
 class _Product:
-    """x [R, in] @ weight.T: on oneDNN's packed copy of the weight for several rows, where given
-    one; torch's kernel for one row (no faster packed) and without a packed copy."""
+    """x [R, in] @ weight.T: on oneDNN's packed copy of the weight from `min_rows` rows on; torch's
+    kernel for fewer rows and everywhere when `min_rows` is None (no packed copy)."""
 
-    def __init__(self, weight: torch.Tensor, packed: bool) -> None:
+    def __init__(self, weight: torch.Tensor, min_rows: int | None) -> None:
         self.weight = weight
-        self.packed = onednn.pack(weight) if packed else None
+        self.min_rows = min_rows
+        self.packed = onednn.pack(weight) if min_rows is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.shape[0] == 1:
+        if self.packed is None or x.shape[0] < self.min_rows:
             return F.linear(x, self.weight)
         return onednn.linear(x, self.packed)
 
@@ -80,7 +81,8 @@ class FusedDrafterBlock:
 
     `linear_kernel` 'onednn' (the decoder's `llm_linear`) runs the products of several rows on
     oneDNN-packed copies of the weights where they are float32 on the CPU and hold at most
-    `onednn.MAX_PACKED_BYTES`; 'torch' keeps torch's kernel."""
+    `onednn.MAX_PACKED_BYTES`; 'auto' does so from the row count on which that is measured faster
+    on this machine (`onednn.packed_min_rows`); 'torch' keeps torch's kernel."""
 
     def __init__(self, drafter: nn.Module, linear_kernel: str = "torch") -> None:
         """drafter: a `core.drafter.EagleDrafter` (its `fc`, `block` and `config`)."""
@@ -102,9 +104,8 @@ class FusedDrafterBlock:
                        "down": mlp.down_proj.weight}
         weights = {name: w.detach() for name, w in weights.items()}
         size = sum(w.numel() * w.element_size() for w in weights.values())
-        packed = (linear_kernel == "onednn" and size <= onednn.MAX_PACKED_BYTES
-                  and all(onednn.packable(w) for w in weights.values()))
-        self.fc, self.qkv, self.o, self.gate_up, self.down = (_Product(w, packed) for w in weights.values())
+        min_rows = onednn.min_rows_for(linear_kernel, list(weights.values())) if size <= onednn.MAX_PACKED_BYTES else None
+        self.fc, self.qkv, self.o, self.gate_up, self.down = (_Product(w, min_rows) for w in weights.values())
         self.norm_in = layer.input_layernorm.weight.detach()
         self.norm_post = layer.post_attention_layernorm.weight.detach()
         self.norm_out = drafter.block.norm.weight.detach()
@@ -126,7 +127,7 @@ class FusedDrafterBlock:
 
     @property
     def packed(self) -> bool:
-        """Whether the products of several rows run on oneDNN-packed weights."""
+        """Whether products of enough rows (`min_rows`) run on oneDNN-packed weights."""
         return self.fc.packed is not None
 
     def new_cache(self) -> DrafterCache:

@@ -127,10 +127,10 @@ def load_policy_model(directory: str | Path, dtype: str = "float32", device: str
                       unnorm_key: str | None = None, center_crop: bool = False, llm_linear: str = "torch") -> PolicyModel:
     """The VLA of `directory` (`load_vla`) and its state prior (float32 on the CPU: 4 inputs,
     < 0.1 ms a step). `llm_linear` 'onednn': the LLM's decoder layers on oneDNN-packed weights
-    (`models.packed_linear`; float32 CPU only)."""
+    (`models.packed_linear`; float32 CPU only); 'auto': packed where that is measured faster here."""
     vla = load_vla(directory, dtype=dtype, device=device, unnorm_key=unnorm_key, center_crop=center_crop)
-    if llm_linear == "onednn":
-        pack_decoder_layers(vla.language_model, device, dtype)
+    if llm_linear in ("onednn", "auto"):
+        pack_decoder_layers(vla.language_model, device, dtype, llm_linear)
     return PolicyModel(vla, load_state_prior(directory))
 
 

@@ -24,7 +24,7 @@ from heisd_ros.core import onednn
 
 log = logging.getLogger(__name__)
 
-LLM_LINEARS = ("onednn", "torch")
+LLM_LINEARS = onednn.KERNELS
 MAX_PACKED_BYTES = onednn.MAX_PACKED_BYTES
 
 
@@ -42,8 +42,9 @@ class PackedLinear(nn.Module):
     the weight is written in place.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, min_rows: int = onednn.MIN_ROWS) -> None:
         super().__init__()
+        self.min_rows = min_rows  # fewer rows run on torch's kernel (`onednn.packed_min_rows`)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
@@ -55,7 +56,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         w = self.weight
-        if (rows.shape[0] == 1 or w.dtype != torch.float32 or w.device.type != "cpu" or x.dtype != torch.float32
+        if (rows.shape[0] < self.min_rows or w.dtype != torch.float32 or w.device.type != "cpu" or x.dtype != torch.float32
                 or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return nn.functional.linear(x, w, self.bias)
         if w._version != self._packed_version:
@@ -65,14 +66,17 @@ class PackedLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, onednn"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"onednn from {self.min_rows} rows")
 
 
-def pack_decoder_layers(language_model: nn.Module, device: str, dtype: str) -> int:
+def pack_decoder_layers(language_model: nn.Module, device: str, dtype: str, kernel: str = "onednn") -> int:
     """Replace every nn.Linear in the LLM's decoder layers (`language_model.model.layers`) with a
     PackedLinear; returns how many. Only float32 on the CPU; elsewhere (GPU, bf16, a build without
-    oneDNN) nothing changes and 0 is returned. The lm_head is left alone: decoding reads only its
-    256 action rows, as a plain matrix."""
+    oneDNN) nothing changes and 0 is returned. `kernel` 'auto' packs only where oneDNN is measured
+    faster than torch's kernel on one decoder layer's weights, and from the row count on where it
+    is (`onednn.packed_min_rows`). The
+    lm_head is left alone: decoding reads only its 256 action rows, as a plain matrix."""
     if torch.device(device).type != "cpu" or dtype != "float32":
         return 0
     if not onednn_linear_available():
@@ -85,6 +89,11 @@ def pack_decoder_layers(language_model: nn.Module, device: str, dtype: str) -> i
         log.info("llm_linear 'onednn': the decoder layers hold %.1f GB, over the %.1f GB a packed copy may add; "
                  "the LLM runs torch's kernel", size / 1e9, MAX_PACKED_BYTES / 1e9)
         return 0
+    first_layer = [child.weight for parent in language_model.model.layers[0].modules()
+                   for child in parent.children() if type(child) is nn.Linear]
+    min_rows = onednn.min_rows_for(kernel, first_layer)
+    if min_rows is None:
+        return 0
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, min_rows))
     return len(targets)

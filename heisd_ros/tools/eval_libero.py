@@ -66,6 +66,7 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     """Run every missing episode, then rebuild the report (and Markdown, plots) from the whole log."""
     import torch
 
+    from heisd_ros.core import onednn
     from heisd_ros.tools.eval_report import ResultLog
 
     torch.set_num_threads(cfg.threads)
@@ -83,6 +84,7 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     # once: the code of this process is the revision it started at, whatever is committed meanwhile.
     rev = git_revision()
     log.append({"kind": "session_start", "command": command, "git_rev": rev, "cpu": cpu_model(),
+                "linear_kernels": onednn.decisions(),  # what `llm_linear` 'auto' chose on this machine
                 "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     for rec in log.episodes:  # resume an online method: the thresholds an uninterrupted run would have
         if rec["method"] in pol.online:

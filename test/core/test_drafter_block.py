@@ -123,6 +123,18 @@ def test_a_position_beyond_the_rotary_table_is_refused(trained_like):
 def test_a_bfloat16_drafter_keeps_torchs_kernel(trained_like, vla):
     bf16 = EagleDrafter(vla.language_model.config).to(torch.bfloat16).eval()
     assert not FusedDrafterBlock(bf16, "onednn").packed
+    assert not FusedDrafterBlock(bf16, "auto").packed
+
+
+@pytest.mark.parametrize("margin, packs", [(0.0, False), (1e9, True)])
+def test_auto_packs_the_drafter_only_where_onednn_is_measured_faster(trained_like, monkeypatch, margin, packs):
+    from heisd_ros.core import onednn
+
+    if not onednn.available():
+        pytest.skip("this torch build has no oneDNN linear")
+    monkeypatch.setattr(onednn, "_decisions", {})
+    monkeypatch.setattr(onednn, "AUTO_MARGIN", margin)
+    assert FusedDrafterBlock(trained_like, "auto").packed == packs
 
 
 def test_a_multi_layer_drafter_is_refused(vla):

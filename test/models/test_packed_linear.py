@@ -72,10 +72,70 @@ def test_a_model_too_large_for_a_second_copy_keeps_torchs_kernel(monkeypatch):
 
 
 def test_the_decoder_config_chooses_the_kernel_the_model_is_loaded_with():
-    assert ModelSpec.of_decoder("m", DecoderConfig()).llm_linear == "onednn"
+    assert ModelSpec.of_decoder("m", DecoderConfig()).llm_linear == "auto"
+    assert ModelSpec.of_decoder("m", DecoderConfig(llm_linear="onednn")).llm_linear == "onednn"
     assert ModelSpec.of_decoder("m", DecoderConfig(llm_linear="torch")).llm_linear == "torch"
     assert ModelSpec("m").llm_linear == "torch"  # tools that embed or train keep torch's kernel
     with pytest.raises(ConfigError, match="llm_linear"):
         DecoderConfig(llm_linear="mkl")
     with pytest.raises(ConfigError, match="llm_linear"):
         ModelSpec("m", llm_linear="mkl")
+
+
+@needs_onednn
+@pytest.mark.parametrize("margin, packs", [(0.0, False), (1e9, True)])
+def test_auto_packs_only_where_onednn_is_measured_faster(monkeypatch, margin, packs):
+    """'auto' times both kernels on one decoder layer's weights and packs only when oneDNN beats
+    torch's time by the margin: a margin no timing can meet keeps torch's kernel, one every timing
+    meets packs; the decision and its timings are kept for the run's log."""
+    from heisd_ros.core import onednn
+
+    monkeypatch.setattr(onednn, "_decisions", {})
+    monkeypatch.setattr(onednn, "AUTO_MARGIN", margin)
+    lm = tiny_vla(seed=0).language_model
+    n = pack_decoder_layers(lm, "cpu", "float32", "auto")
+    packed = [m for m in lm.modules() if isinstance(m, PackedLinear)]
+    assert (n > 0) == packs and bool(packed) == packs
+    assert all(m.min_rows == min(onednn.AUTO_ROWS) for m in packed)
+    (made,) = onednn.decisions()
+    assert made["min_rows"] == (min(onednn.AUTO_ROWS) if packs else None)
+    assert all(t > 0 for pair in made["us_torch_onednn"].values() for t in pair)
+    pack_decoder_layers(tiny_vla(seed=0).language_model, "cpu", "float32", "auto")
+    assert len(onednn.decisions()) == 1  # measured once per process and set of shapes
+
+
+@needs_onednn
+def test_auto_packs_from_the_fewest_rows_that_gain_with_every_larger_count(monkeypatch):
+    """Timings where oneDNN wins from 8 rows on (not at 2) give 8; a loss at the largest count
+    keeps torch's kernel whatever the smaller counts say (the clock is scripted: torch's loop takes
+    2 units a repetition, oneDNN's 1 where it wins and 3 where it loses)."""
+    from heisd_ros.core import onednn
+
+    weights = [torch.randn(16, 8)]
+    for wins, want in (({2: False, 8: True, 32: True}, 8), ({2: True, 8: True, 32: False}, None)):
+        monkeypatch.setattr(onednn, "_decisions", {})
+        durations = []
+        for rows in onednn.AUTO_ROWS:
+            durations += [2.0, 1.0 if wins[rows] else 3.0] * (15 + 2)
+        ticks = iter(np_cumsum_with_starts(durations))
+        monkeypatch.setattr(onednn.time, "perf_counter", ticks.__next__)
+        assert onednn.packed_min_rows(weights) == want
+
+
+def np_cumsum_with_starts(durations: list[float]) -> list[float]:
+    """perf_counter readings t0, t1, t2 per repetition for consecutive (torch, oneDNN) durations."""
+    out, now = [], 0.0
+    for i in range(0, len(durations), 2):
+        out += [now, now + durations[i], now + durations[i] + durations[i + 1]]
+        now += durations[i] + durations[i + 1]
+    return out
+
+
+def test_auto_never_measures_weights_that_cannot_be_packed(monkeypatch):
+    from heisd_ros.core import onednn
+
+    monkeypatch.setattr(onednn, "_decisions", {})
+    assert onednn.packed_min_rows([torch.zeros(8, 8, dtype=torch.bfloat16)]) is None
+    assert onednn.packed_min_rows([]) is None
+    assert onednn.min_rows_for("torch", [torch.zeros(8, 8)]) is None
+    assert onednn.decisions() == []
