@@ -75,8 +75,8 @@ def pack_decoder_layers(language_model: nn.Module, device: str, dtype: str, kern
     PackedLinear; returns how many. Only float32 on the CPU; elsewhere (GPU, bf16, a build without
     oneDNN) nothing changes and 0 is returned. `kernel` 'auto' packs only where oneDNN is measured
     faster than torch's kernel on one decoder layer's weights, and from the row count on where it
-    is (`onednn.packed_min_rows`). The
-    lm_head is left alone: decoding reads only its 256 action rows, as a plain matrix."""
+    is (`onednn.packed_min_rows`). The lm_head is left alone: decoding reads only its 256 action
+    rows, as a plain matrix."""
     if torch.device(device).type != "cpu" or dtype != "float32":
         return 0
     if not onednn_linear_available():

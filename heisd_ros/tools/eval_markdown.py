@@ -48,7 +48,7 @@ def _md_header(meta: dict[str, Any]) -> list[str]:
     runs = [x for x in meta.get("invocations", []) if x.get("episodes_run")]
     if runs:  # the invocations that ran the episodes (one per shard), in log order
         out += ["Episodes run by:", ""] + [f"- `{x['command']}` ({x['episodes_run']} episodes, git "
-                                          f"`{str(x.get('git_rev', ''))[:10]}`)" for x in runs] + [""]
+                                          f"`{str(x.get('git_rev', ''))[:10]}`{_kernels(x)})" for x in runs] + [""]
     stopped = meta.get("stopped_invocations", [])
     if stopped:  # processes stopped before their end line; their finished episodes are in the log
         out += ["Stopped before their end (their finished episodes are in the log):", ""] + [
@@ -65,6 +65,16 @@ def _md_header(meta: dict[str, Any]) -> list[str]:
              f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "
              f"git `{str(meta.get('git_rev', ''))[:10]}`."), ""]
     return out
+
+
+def _kernels(invocation: dict[str, Any]) -> str:
+    """What `llm_linear` 'auto' chose in a process: per weight set (LLM layer, drafter), the row
+    count from which it ran packed on oneDNN, or torch's kernel."""
+    made = invocation.get("linear_kernels")
+    if not made:
+        return ""
+    return "; linear kernels: " + ", ".join(f"oneDNN from {d['min_rows']} rows" if d.get("min_rows") else "torch's"
+                                            for d in made)
 
 
 def _md_evidence(report: dict[str, Any], methods: list[str], ev: dict[str, Any] | None) -> list[str]:

@@ -122,7 +122,8 @@ class ResultLog:
                 # The revision a process ran is the one it started at (older logs wrote HEAD at
                 # the end on this line, which a commit made during the run moves).
                 self.sessions.append(r if open_start is None else
-                                     {**r, "git_rev": open_start["git_rev"], "cpu": open_start.get("cpu")})
+                                     {**r, "git_rev": open_start["git_rev"], "cpu": open_start.get("cpu"),
+                                      "linear_kernels": open_start.get("linear_kernels")})
                 open_start = None
             elif kind == "episode" and open_start is not None:
                 open_start["episodes_logged"] += 1

@@ -264,10 +264,15 @@ def test_the_report_names_the_machines_its_processes_ran_on(tmp_path: Path) -> N
     path = tmp_path / "r.jsonl"
     log = ResultLog(path, {"max_steps": 5})
     run = _run()
-    log.append({"kind": "session_start", "command": "shard a", "git_rev": "aaaa", "cpu": "CPU One"})
+    kernels = [{"weights": 7, "min_rows": None}, {"weights": 5, "min_rows": 8}]
+    log.append({"kind": "session_start", "command": "shard a", "git_rev": "aaaa", "cpu": "CPU One",
+                "linear_kernels": kernels})
     log.append(run[0])
     log.append({"kind": "session", "command": "shard a", "git_rev": "aaaa", "episodes_run": 1})
-    assert ResultLog.read(path).sessions[0]["cpu"] == "CPU One"
+    sessions = ResultLog.read(path).sessions
+    assert sessions[0]["cpu"] == "CPU One" and sessions[0]["linear_kernels"] == kernels
+    text = markdown(build_report(run[:1], ["ar", "heisd"], {"invocations": sessions}))
+    assert "(1 episodes, git `aaaa`; linear kernels: torch's, oneDNN from 8 rows)" in text
     one = markdown(build_report(run[:1], ["ar", "heisd"], {"machines": ["CPU One"]}))
     assert "Machine: CPU One." in one and "**Machines" not in one
     two = markdown(build_report(run[:1], ["ar", "heisd"], {"machines": ["CPU One", "CPU Two"]}))
