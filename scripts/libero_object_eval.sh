@@ -7,6 +7,9 @@
 # tasks x init states 40-49 (the ablations on 40-42), as two shards on two cores.
 # Every stage is resumable: rerun the script after an interruption and it continues where it stopped.
 #   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
+# A run longer than a working session whose machine keeps nothing but commits: STAGE=checkpoint
+# writes the shard logs so far under $CKPT (commit them), STAGE=restore puts them back on a fresh
+# machine (after STAGE=db) for STAGE=eval to resume; STAGE=report deletes them (commit that too).
 set -euo pipefail
 # `python -m` from the checkout, not the .venv/bin/heisd entry point: the code that runs is the code
 # of the checkout the script runs in (a git worktree pinned at one revision runs that revision).
@@ -31,7 +34,23 @@ tau_fit() {
 COMMON=(--model $E/vla --drafter models/mini_libero/drafter --position-pool 20 --suite libero_object
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
 
+CKPT=benchmarks/libero_object_partial  # the shard logs of a run in progress, xz-compressed
+
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
+only() { [ "${STAGE:-all}" = "$1" ]; }  # stages that never run as part of "all"
+
+if only checkpoint; then
+    mkdir -p $CKPT
+    for s in a b; do xz -9 -T1 -c $E/eval_$s.jsonl > $CKPT/eval_$s.jsonl.xz; done
+    echo "$(grep -c '"kind":"episode"' $E/eval_a.jsonl $E/eval_b.jsonl | tr '\n' ' ')-> $CKPT (commit it)"
+fi
+
+if only restore; then
+    for s in a b; do
+        if [ -f $E/eval_$s.jsonl ]; then echo "$E/eval_$s.jsonl exists: not overwritten" >&2; exit 2; fi
+    done
+    mkdir -p $E && for s in a b; do xz -dc $CKPT/eval_$s.jsonl.xz > $E/eval_$s.jsonl; done
+fi
 
 if stage db; then
     # Demonstrations at init states 0-19 (docs/libero.md, "The mini policy's demonstrations").
@@ -123,6 +142,7 @@ fi
 if stage report; then
     # xz, not gzip: the per-step log in ~60 % of gzip's bytes (the repository's size is capped).
     xz -9 -T1 -c $E/eval.jsonl > benchmarks/libero_object.jsonl.xz
+    rm -rf $CKPT  # the run is whole: its partial logs are superseded
     $H eval-libero --report-from benchmarks/libero_object.jsonl.xz --tasks 0-9 --init-states 40-49 \
         --methods ar,drafter,specvla,retrieval,heisd --subset-methods $SUBSET \
         --subset-init-states 40-42 --out benchmarks/libero_object.json --plots benchmarks/libero_object_plots
