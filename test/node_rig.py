@@ -198,14 +198,17 @@ class NodeRig:
 
         size = size or self.size
         t = self.now() if t is None else t
+        # The pose first, as on a robot whose pose stream runs faster than its cameras: the node attaches the
+        # newest pose to a set once its frames are in, so frames landing before their pose would be paired
+        # with the previous one (after a bad-pose case, the bad one) and that set would be lost.
+        if pose:
+            self.pub_pose.publish(pose_msg or conv.position_to_pose(pos, t if pose_t is None else pose_t, frame_id))
         for v in views:
             msg = conv.rgb_to_image(self.rng.integers(0, 255, size + (3,), dtype=np.uint8), t, v, encoding)
             if mutate is not None:
                 mutate(msg)
             self.pub_img[v].publish(msg)
         self.newest_frame_s = t
-        if pose:
-            self.pub_pose.publish(pose_msg or conv.position_to_pose(pos, t if pose_t is None else pose_t, frame_id))
         return t
 
     def acted(self, t_s: float, timeout_s: float = 2.0) -> bool:
