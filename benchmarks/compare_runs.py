@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from heisd_ros.pipeline.log_files import open_log
+from heisd_ros.tools.eval_report import ResultLog
 
 
 def step_kind(step: dict[str, Any]) -> str:
@@ -39,16 +39,14 @@ def read_run(path: str | Path, method: str, init_from: int) -> dict[str, Any]:
     """`ar`'s mean step and, per step kind of `method`, its share of steps and mean step relative to ar's."""
     times: dict[str, list[float]] = defaultdict(list)
     ar: list[float] = []
-    with open_log(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("kind") != "episode" or rec["init_state"] < init_from:
-                continue
-            if rec["method"] == "ar":
-                ar += [s["ms"]["total"] for s in rec["steps"]]
-            elif rec["method"] == method:
-                for s in rec["steps"]:
-                    times[step_kind(s)].append(s["ms"]["total"])
+    for rec in ResultLog.read(path).episodes:
+        if rec["init_state"] < init_from:
+            continue
+        if rec["method"] == "ar":
+            ar += [s["ms"]["total"] for s in rec["steps"]]
+        elif rec["method"] == method:
+            for s in rec["steps"]:
+                times[step_kind(s)].append(s["ms"]["total"])
     n = sum(len(v) for v in times.values())
     if not ar or not n:
         raise SystemExit(f"{path}: no ar or {method} episodes at init states >= {init_from}")

@@ -61,6 +61,11 @@ def jsonable(x: Any) -> Any:
     return x
 
 
+STARTED_FIELDS = ("git_rev", "cpu", "linear_kernels")
+"""What a process's `session_start` line says about the process itself (its revision, processor and kernel
+choice); its closing `session` line takes them from there."""
+
+
 class ResultLog:
     """Append-only JSONL of finished episodes; a rerun with the same run key resumes it."""
 
@@ -122,8 +127,7 @@ class ResultLog:
                 # The revision a process ran is the one it started at (older logs wrote HEAD at
                 # the end on this line, which a commit made during the run moves).
                 self.sessions.append(r if open_start is None else
-                                     {**r, "git_rev": open_start["git_rev"], "cpu": open_start.get("cpu"),
-                                      "linear_kernels": open_start.get("linear_kernels")})
+                                     {**r, **{k: open_start.get(k) for k in STARTED_FIELDS}})
                 open_start = None
             elif kind == "episode" and open_start is not None:
                 open_start["episodes_logged"] += 1

@@ -23,7 +23,7 @@ def _step(mode: str, forwards: int, ms: float) -> dict:
 
 
 def _write_log(path: Path, ar_ms: float, heisd_steps: list[dict], init_state: int = 40) -> None:
-    lines = [{"kind": "session_start", "command": "heisd eval-libero"},
+    lines = [{"kind": "run", "key": {"max_steps": 5}}, {"kind": "session_start", "command": "heisd eval-libero"},
              {"kind": "episode", "task": 0, "init_state": init_state, "method": "ar", "steps": [_step("ar", 7, ar_ms)] * 4},
              {"kind": "episode", "task": 0, "init_state": init_state, "method": "heisd", "steps": heisd_steps},
              # a calibration episode (init state below 40) that must not count
