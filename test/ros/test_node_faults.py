@@ -256,10 +256,11 @@ def test_signal_mid_run_exits_0_without_traceback_or_rosout_errors(files, sig):
     rng = np.random.default_rng(int(sig))
     try:
         rig.pub_instr.publish(String(data=TASK))
-        # 30 Hz keeps a step in flight most of the time; the watchdog's budget (3 periods, 0.1 s)
-        # would withhold the commands this waits for on a slow machine, and speed is not the subject
+        # 30 Hz keeps a step in flight most of the time; the watchdog's budget would withhold the
+        # commands this waits for on a slow machine (steps of 1-2 s seen in CI under load), and speed
+        # is not the subject: the largest factor allowed, 100 periods (3.3 s)
         cmd = [exe, "--params-file", str(REPO / "config" / "policy.yaml"), "-p", "control_rate_hz:=30.0",
-               "-p", "watchdog_factor:=30.0"]
+               "-p", "watchdog_factor:=100.0"]
         for k, v in _params(files).items():
             cmd += ["-p", f"{k}:={v}"]
         env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID + 1), "PYTHONUNBUFFERED": "1"}
