@@ -1,5 +1,5 @@
 """The vision backbone's time per runtime (`decoder.vision_runtime`): eager, the frozen TorchScript
-trace and ONNX Runtime, on a model's own input shape, warm and with caches evicted between calls.
+trace, ONNX Runtime and OpenVINO, on a model's own input shape, warm and with caches evicted between calls.
 
 Usage:
     python benchmarks/vision_runtime.py --model models/mini_libero/vla [--views 1,2] [--calls 200]

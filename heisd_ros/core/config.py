@@ -335,10 +335,11 @@ class DecoderConfig:
     """Debounce: the executed gripper command changes only after this many consecutive steps ask
     for the change (0 = every step's own command, as OpenVLA). For policies whose gripper token
     chatters (heisd_ros/core/gripper.py)."""
-    vision_runtime: str = "onnxruntime"
-    """How the vision backbone runs (heisd_ros/core/traced.py): 'onnxruntime' (exported once per
-    input shape; float32 on the CPU, else 'torchscript'), 'torchscript' (a frozen trace) or
-    'eager'. The same features within float rounding: every method of a run uses the same one."""
+    vision_runtime: str = "openvino"
+    """How the vision backbone runs (heisd_ros/core/traced.py): 'openvino' or 'onnxruntime'
+    (exported once per input shape; float32 on the CPU, else 'torchscript'; 'openvino' hands over
+    to 'onnxruntime' where it cannot run), 'torchscript' (a frozen trace) or 'eager'. The same
+    features within float rounding: every method of a run uses the same one."""
     llm_linear: str = "auto"
     """The linear kernel of the LLM's decoder layers (heisd_ros/models/packed_linear.py) and of the
     drafter (core/drafter_block.py): 'onednn' (weights packed once for products of several rows;
@@ -356,8 +357,8 @@ class DecoderConfig:
                  f"retrieval.query_views {self.retrieval.query_views} exceeds the {len(self.views)} views")
         require(self.dtype in ("float32", "bfloat16", "float16"), f"unsupported dtype {self.dtype!r}")
         require(0 <= self.gripper_hold_steps <= 100, "gripper_hold_steps must be in [0, 100]")
-        require(self.vision_runtime in ("onnxruntime", "torchscript", "eager"),
-                f"vision_runtime must be 'onnxruntime', 'torchscript' or 'eager', got {self.vision_runtime!r}")
+        require(self.vision_runtime in ("openvino", "onnxruntime", "torchscript", "eager"),
+                f"vision_runtime must be 'openvino', 'onnxruntime', 'torchscript' or 'eager', got {self.vision_runtime!r}")
         require(self.llm_linear in ("auto", "onednn", "torch"),
                 f"llm_linear must be 'auto', 'onednn' or 'torch', got {self.llm_linear!r}")
 

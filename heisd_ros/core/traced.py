@@ -2,16 +2,21 @@
 
 The vision backbone runs on every control step with the same input shape (views × 3 × S × S), and
 it is the largest fixed cost of a step on a CPU. A frozen graph removes the eager dispatch
-overhead; ONNX Runtime's graph (fused convolutions and activations, blocked layouts) is faster
-still on a CPU: EfficientNet-Lite0 at 128 px, one view, one thread, 5.0 ms against 7.8 ms for the
-frozen TorchScript trace and 10.4 ms eager (benchmarks/vision_runtime.json). The runtime (`vision_runtime`):
-- 'onnxruntime': the module exported to ONNX for the input shape and run by an ONNX Runtime
-  session with torch's thread count (float32 on the CPU only; other inputs use 'torchscript');
+overhead; an inference runtime's graph (fused convolutions and activations, blocked layouts, JIT
+kernels for the processor's vector units) is faster still. EfficientNet-Lite0 at 128 px, one view,
+one thread, caches evicted between calls, on an Intel Xeon with AVX-512 (benchmarks/vision_runtime.json):
+OpenVINO 4.1 ms, ONNX Runtime 6.4 ms, the frozen TorchScript trace ~8.5 ms, eager ~11.4 ms.
+The runtime (`vision_runtime`):
+- 'openvino': the module exported to ONNX for the input shape and compiled by OpenVINO's CPU
+  plugin in float32 with torch's thread count (float32 CPU inputs only; others use 'torchscript');
+- 'onnxruntime': the same export run by an ONNX Runtime session;
 - 'torchscript': a frozen TorchScript trace;
 - 'eager': the module itself.
-A graph is specific to one shape, dtype and device, so one is made lazily per key. The first graph
-of a module is checked against the eager output; any failure or mismatch logs a warning and falls
-back to eager calls for good (a backbone that cannot be exported still works, only slower).
+An exported runtime that cannot run (not installed, or its graph fails) hands over to the next one
+in that order. A graph is specific to one shape, dtype and device, so one is made lazily per key.
+The first graph of a module is checked against the eager output; any failure or mismatch logs a
+warning and falls back to eager calls for good (a backbone that cannot be exported still works,
+only slower).
 
 A frozen graph holds the module's weights as constants, and TorchScript never frees a compiled
 graph: a graph per load would keep one copy of the backbone's weights per load (the node's every
@@ -25,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import threading
 import warnings
 from typing import Callable
 
@@ -33,7 +39,10 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = ("onnxruntime", "torchscript", "eager")
+RUNTIMES = ("openvino", "onnxruntime", "torchscript", "eager")
+
+EXPORTED = ("openvino", "onnxruntime")
+"""Runtimes that take the module as an ONNX export (float32 CPU inputs), in hand-over order."""
 
 MAX_ABS_DIFF = 1e-3
 """Largest element-wise difference from the eager output a graph may have (fp32 rounding: ~1e-5)."""
@@ -42,11 +51,11 @@ ONNX_OPSET = 17
 
 _SHARED_GRAPHS: dict[tuple, Callable[[torch.Tensor], torch.Tensor]] = {}
 """(weights digest, runtime, shape, dtype, device[, threads]) -> graph, for every ShapeTracedModule
-of the process (an ONNX Runtime session is made for a thread count; a trace serves any)."""
+of the process (an exported runtime's graph is made for a thread count; a trace serves any)."""
 
-_NOT_EXPORTABLE: dict[str, str] = {}
-"""Weights digest -> why ONNX Runtime could not take that module: not tried again for another
-shape (a large backbone's export is long before it fails, e.g. at protobuf's 2 GB)."""
+_UNUSABLE: dict[tuple[str, str], str] = {}
+"""(weights digest, exported runtime) -> why that runtime could not take that module: not tried
+again for another shape (a large backbone's export is long before it fails, e.g. at protobuf's 2 GB)."""
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -58,15 +67,20 @@ def weights_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
+def onnx_export(module: nn.Module, sample: torch.Tensor) -> bytes:
+    """The module as an ONNX graph for the sample's shape (input "x", output "y")."""
+    exported = io.BytesIO()
+    torch.onnx.export(module, (sample,), exported, dynamo=False, opset_version=ONNX_OPSET,
+                      input_names=["x"], output_names=["y"])
+    return exported.getvalue()
+
+
 class OnnxRuntimeGraph:
     """`module(x)` for one input shape through an ONNX Runtime session (float32 CPU tensors)."""
 
     def __init__(self, module: nn.Module, sample: torch.Tensor) -> None:
         import onnxruntime as ort
 
-        exported = io.BytesIO()
-        torch.onnx.export(module, (sample,), exported, dynamo=False, opset_version=ONNX_OPSET,
-                          input_names=["x"], output_names=["y"])
         options = ort.SessionOptions()
         # torch's thread count, as the rest of the step; 1 runs the graph on the calling thread
         options.intra_op_num_threads = torch.get_num_threads()
@@ -74,17 +88,44 @@ class OnnxRuntimeGraph:
         # workers that spin after a run would take the cores from the language model's forwards
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self.session = ort.InferenceSession(exported.getvalue(), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(onnx_export(module, sample), options, providers=["CPUExecutionProvider"])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.session.run(None, {"x": x.detach().contiguous().numpy()})[0])
 
 
-class ShapeTracedModule:
-    """`module(x)` through a frozen graph for x's (shape, dtype, device; for ONNX Runtime also
-    torch's thread count); eager on any trouble."""
+class OpenVinoGraph:
+    """`module(x)` for one input shape compiled by OpenVINO's CPU plugin (float32 CPU tensors)."""
 
-    def __init__(self, module: nn.Module, runtime: str = "onnxruntime") -> None:
+    def __init__(self, module: nn.Module, sample: torch.Tensor) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(onnx_export(module, sample), b"")
+        self.compiled = core.compile_model(model, "CPU", {
+            # float32 as the policy was trained: on processors with AMX or AVX512-BF16 the plugin
+            # would otherwise run in bfloat16 and move the features by ~1e-3
+            "INFERENCE_PRECISION_HINT": "f32",
+            "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+            "NUM_STREAMS": 1,
+            "PERFORMANCE_HINT": "LATENCY",
+            # the step's other stages run on torch's threads: no core is reserved for this graph
+            "ENABLE_CPU_PINNING": False,
+        })
+        self.request = self.compiled.create_infer_request()
+        self._lock = threading.Lock()  # graphs are shared by the process; a request runs one call at a time
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with self._lock:
+            self.request.infer({0: x.detach().contiguous().numpy()})
+            return torch.from_numpy(self.request.get_output_tensor(0).data.copy())  # the request reuses its buffer
+
+
+class ShapeTracedModule:
+    """`module(x)` through a frozen graph for x's (shape, dtype, device; for an exported runtime
+    also torch's thread count); eager on any trouble."""
+
+    def __init__(self, module: nn.Module, runtime: str = "openvino") -> None:
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown vision runtime {runtime!r}; choose one of {RUNTIMES}")
         self.module = module
@@ -106,18 +147,20 @@ class ShapeTracedModule:
         return fn(x)
 
     def runtime_for(self, x: torch.Tensor) -> str:
-        """The runtime x's graph uses: ONNX Runtime takes float32 CPU inputs only, of a module it
-        could export."""
-        if self.runtime != "onnxruntime":
+        """The runtime x's graph uses: an exported runtime takes float32 CPU inputs only, of a
+        module it could take (else the next exported runtime, then 'torchscript')."""
+        if self.runtime not in EXPORTED:
             return self.runtime
         if x.dtype != torch.float32 or x.device.type != "cpu":
             return "torchscript"
         self._digest = self._digest or weights_digest(self.module)
-        return "torchscript" if self._digest in _NOT_EXPORTABLE else "onnxruntime"
+        usable = [r for r in EXPORTED[EXPORTED.index(self.runtime):] if (self._digest, r) not in _UNUSABLE]
+        return usable[0] if usable else "torchscript"
 
     def _trace(self, x: torch.Tensor, first: str):
         failures = []
-        for runtime in dict.fromkeys((first, "torchscript")):  # an unexportable module may still trace
+        order = (*EXPORTED[EXPORTED.index(first):], "torchscript") if first in EXPORTED else (first,)
+        for runtime in dict.fromkeys(order):  # an unexportable module may still trace
             key = _key(x, runtime)
             fn, why = self._graph(runtime, x, key)
             if fn is not None:
@@ -142,12 +185,12 @@ class ShapeTracedModule:
                     fn = _build(runtime, self.module, sample)
                 diff = float((fn(sample).float() - self.module(sample).float()).abs().max())
             except Exception as err:  # noqa: BLE001 - any exporter or runtime failure: this runtime is out
-                if runtime == "onnxruntime" and self._digest:
-                    _NOT_EXPORTABLE[self._digest] = f"{type(err).__name__}: {err}"
+                if runtime in EXPORTED and self._digest:
+                    _UNUSABLE[self._digest, runtime] = f"{type(err).__name__}: {err}"
                 return None, f"{runtime}: {type(err).__name__}: {err}"
         if not diff <= MAX_ABS_DIFF:
-            if runtime == "onnxruntime":
-                _NOT_EXPORTABLE[self._digest] = f"output differs from eager by {diff:.2e}"
+            if runtime in EXPORTED:
+                _UNUSABLE[self._digest, runtime] = f"output differs from eager by {diff:.2e}"
             return None, f"{runtime} graph's output differs from eager by {diff:.2e}"
         _SHARED_GRAPHS[shared] = fn
         return fn, ""
@@ -160,13 +203,15 @@ class ShapeTracedModule:
 
 
 def _key(x: torch.Tensor, runtime: str) -> tuple:
-    """A graph's key: the input's shape, dtype and device; an ONNX Runtime session is also made for
-    torch's thread count (a trace serves any)."""
+    """A graph's key: the input's shape, dtype and device; an exported runtime's graph is also made
+    for torch's thread count (a trace serves any)."""
     key = (tuple(x.shape), x.dtype, str(x.device))
-    return key + (torch.get_num_threads(),) if runtime == "onnxruntime" else key
+    return key + (torch.get_num_threads(),) if runtime in EXPORTED else key
 
 
 def _build(runtime: str, module: nn.Module, sample: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    if runtime == "openvino":
+        return OpenVinoGraph(module, sample)
     if runtime == "onnxruntime":
         return OnnxRuntimeGraph(module, sample)
     return torch.jit.freeze(torch.jit.trace(module, sample))

