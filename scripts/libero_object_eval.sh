@@ -7,6 +7,7 @@
 # tasks x init states 40-49 (the ablations on 40-42), as two shards on two cores.
 # Every stage is resumable: rerun the script after an interruption and it continues where it stopped.
 #   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
+#   STAGE=refine: candidates around the committed point, chosen and published by the same rule
 # A run longer than a working session whose machine keeps nothing but commits: STAGE=checkpoint
 # writes the shard logs so far under $CKPT (commit them), STAGE=restore puts them back on a fresh
 # machine (after STAGE=db) for STAGE=eval to resume; STAGE=report deletes them (commit that too).
@@ -117,6 +118,29 @@ if stage point; then
     shards $E/point 20-24 $E/calibration_fitted.json $POINT_METHODS "$(candidates)" --purpose calibration
     $H eval-libero --report-from $E/point.jsonl --tasks 0-9 --init-states 20-24 --purpose calibration \
         --methods $POINT_METHODS --out $E/point.json --plots ''
+fi
+
+# A refinement around the committed point, on the same calibration episodes (init 20-24) and by the
+# same rule: the point itself, and one more consecutive skip allowed (N_max + 1) at its min_S and at
+# min_S 0.99, against ar, all at the revision of the worktree it runs in. Its choice is published as
+# stage choose does (commit models/mini_libero, then STAGE=eval). Not part of "all".
+REFINE_METHODS=ar,r,rn4,rs99n4
+refine_candidates() {
+    local point
+    point() { printf %s "$1=heisd:fused_metric.tau=0,verify_skip.enabled=true,verify_skip.min_similarity=$2,\
+verify_skip.max_consecutive_skips=$3,verify_skip.gripper_lookahead_steps=3;"; }
+    point r 0.98 3; point rn4 0.98 4; point rs99n4 0.99 4
+}
+
+if only refine; then
+    base=models/mini_libero/calibration.json
+    shards $E/refine 20-24 $base $REFINE_METHODS "$(refine_candidates)" --purpose calibration
+    $H eval-libero --report-from $E/refine.jsonl --tasks 0-9 --init-states 20-24 --purpose calibration \
+        --methods $REFINE_METHODS --out $E/refine.json --plots ''
+    $H choose-point --run $E/refine.json --calibration $base --out $E/calibration.json
+    $H publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
+    echo "commit models/mini_libero (and $E/refine.{json,md} as benchmarks/libero_object_refine.*)," \
+         "then run STAGE=eval from a worktree at that commit"
 fi
 
 if stage choose; then
