@@ -5,7 +5,7 @@ it is the largest fixed cost of a step on a CPU. A frozen graph removes the eage
 overhead; an inference runtime's graph (fused convolutions and activations, blocked layouts, JIT
 kernels for the processor's vector units) is faster still. EfficientNet-Lite0 at 128 px, one view,
 one thread, caches evicted between calls, on an Intel Xeon with AVX-512 (benchmarks/vision_runtime.json):
-OpenVINO 4.1 ms, ONNX Runtime 6.4 ms, the frozen TorchScript trace ~8.5 ms, eager ~11.4 ms.
+OpenVINO 3.8 ms, ONNX Runtime 5.8 ms, the frozen TorchScript trace 8.8 ms, eager 11.4 ms.
 The runtime (`vision_runtime`):
 - 'openvino': the module exported to ONNX for the input shape and compiled by OpenVINO's CPU
   plugin in float32 with torch's thread count (float32 CPU inputs only; others use 'torchscript');
