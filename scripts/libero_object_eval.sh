@@ -97,6 +97,11 @@ if stage fit; then
         --closed-loop $E/loop.jsonl --out $E/calibration_fitted.json --plots $E/calibration_plots
 fi
 
+# A candidate point as an eval-libero variant of heisd: $1 name, $2 tau, $3 min_S, $4 N_max (no skip
+# where the demonstration switches the gripper within 3 actions).
+point() { printf %s "$1=heisd:fused_metric.tau=$2,verify_skip.enabled=true,verify_skip.min_similarity=$3,\
+verify_skip.max_consecutive_skips=$4,verify_skip.gripper_lookahead_steps=3;"; }
+
 # The candidates, fixed before the point run: around a centre (tau 0, min_S 0.98, N_max 6, no skip
 # where the demonstration switches the gripper within 3 actions) tau at q25 / q50 / q75 of the closed
 # loop's positive F, min_S 0.99 / 0.995, N_max 3, and min_S 0.99 with N_max 3. Every candidate on 50
@@ -106,9 +111,6 @@ candidates() {
     q=$(.venv/bin/python -c "import json; f = json.load(open('$E/calibration_fitted.json'))['meta']['f_closed_loop']
 print(' '.join(str(f['positive_quantiles'][k]) for k in ('0.25', '0.5', '0.75')))")
     read -r q25 q50 q75 <<< "$q"
-    local point
-    point() { printf %s "$1=heisd:fused_metric.tau=$2,verify_skip.enabled=true,verify_skip.min_similarity=$3,\
-verify_skip.max_consecutive_skips=$4,verify_skip.gripper_lookahead_steps=3;"; }
     point g 0 0.98 6; point g25 "$q25" 0.98 6; point g50 "$q50" 0.98 6; point g75 "$q75" 0.98 6
     point gs99 0 0.99 6; point gs995 0 0.995 6; point gn3 0 0.98 3; point gs99n3 0 0.99 3
 }
@@ -126,10 +128,7 @@ fi
 # stage choose does (commit models/mini_libero, then STAGE=eval). Not part of "all".
 REFINE_METHODS=ar,r,rn4,rs99n4
 refine_candidates() {
-    local point
-    point() { printf %s "$1=heisd:fused_metric.tau=0,verify_skip.enabled=true,verify_skip.min_similarity=$2,\
-verify_skip.max_consecutive_skips=$3,verify_skip.gripper_lookahead_steps=3;"; }
-    point r 0.98 3; point rn4 0.98 4; point rs99n4 0.99 4
+    point r 0 0.98 3; point rn4 0 0.98 4; point rs99n4 0 0.99 4
 }
 
 if only refine; then

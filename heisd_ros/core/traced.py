@@ -67,11 +67,18 @@ def weights_digest(module: nn.Module) -> str:
     return h.hexdigest()
 
 
+class ExportError(RuntimeError):
+    """The module has no ONNX export: no exported runtime can take it."""
+
+
 def onnx_export(module: nn.Module, sample: torch.Tensor) -> bytes:
     """The module as an ONNX graph for the sample's shape (input "x", output "y")."""
     exported = io.BytesIO()
-    torch.onnx.export(module, (sample,), exported, dynamo=False, opset_version=ONNX_OPSET,
-                      input_names=["x"], output_names=["y"])
+    try:
+        torch.onnx.export(module, (sample,), exported, dynamo=False, opset_version=ONNX_OPSET,
+                          input_names=["x"], output_names=["y"])
+    except Exception as err:  # noqa: BLE001 - the exporter raises many kinds
+        raise ExportError(f"{type(err).__name__}: {err}") from err
     return exported.getvalue()
 
 
@@ -186,7 +193,9 @@ class ShapeTracedModule:
                 diff = float((fn(sample).float() - self.module(sample).float()).abs().max())
             except Exception as err:  # noqa: BLE001 - any exporter or runtime failure: this runtime is out
                 if runtime in EXPORTED and self._digest:
-                    _UNUSABLE[self._digest, runtime] = f"{type(err).__name__}: {err}"
+                    # an export that failed fails for every exported runtime: it is not tried again
+                    for out in EXPORTED if isinstance(err, ExportError) else (runtime,):
+                        _UNUSABLE[self._digest, out] = f"{type(err).__name__}: {err}"
                 return None, f"{runtime}: {type(err).__name__}: {err}"
         if not diff <= MAX_ABS_DIFF:
             if runtime in EXPORTED:
