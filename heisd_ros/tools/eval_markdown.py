@@ -300,8 +300,17 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
 
 
 def _md_shortfall(short: dict[str, Any]) -> list[str]:
-    """By how much each missed speed target is missed, and what this run's log says would close it."""
+    """By how much each missed target is missed, and what this run's log says about why or would close it."""
     out = []
+    if f := short.get("success"):
+        share = f["stall_policy_token_share"]
+        out.append(f"- success {f['gap_points']:.0f} points below ar (at most 5). Of the {f['only_ar_solved']} pairs only "
+                   f"ar solved, heisd stalled in {f['heisd_stalled']} (the arm travelled under "
+                   f"{100 * f['travel_m']:.0f} cm in its last {f['window_steps']} steps), outputting the policy's own "
+                   "tokens (strict, or greedy ar's on the same observation) in "
+                   + (f"{share:.0%}" if share is not None else "n/a") + " of those steps: the policy's own stall, at a "
+                   f"state heisd's relaxed steps led the arm to. ar stalled in {f['ar_stalled']} of the "
+                   f"{f['only_heisd_solved']} pairs only heisd solved")
     if m := short.get("mean"):
         need = m["skip_share_needed"]
         out.append(f"- mean step short by {m['short_ms']:.1f} ms ({m['mean_ms']:.1f} ms against the "

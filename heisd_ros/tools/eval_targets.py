@@ -17,9 +17,10 @@ TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedu
 faster, accept length (the paper's) 4.5, success within 5 points; the drafter 1.15x faster."""
 
 
-def acceptance(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def acceptance(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]] = (),
+               ar_episodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The TARGETS check of `heisd` (and `drafter`) against `ar` of the same run (not evaluated
-    without both), with the `shortfall` of each speed target heisd misses (its steps: `heisd_steps`)."""
+    without both), with the `shortfall` of each target heisd misses, read from both methods' episodes."""
     h, ar = report.get("heisd"), report.get("ar")
     if not h or not ar or not h["steps"] or not ar["steps"]:
         return {"evaluated": False, "why": "needs both ar and heisd in the run"}
@@ -59,11 +60,12 @@ def acceptance(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]] = (
         "drafter_at_least_1.15x": (drafter.get("speedup_vs_ar") is not None
                                    and drafter["speedup_vs_ar"] >= TARGETS["drafter_speedup_vs_ar"]),
         "heisd_steps_by_source": where,
-        "shortfall": shortfall(report, heisd_steps),
+        "shortfall": shortfall(report, heisd_episodes, ar_episodes),
     }
 
 
-def shortfall(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def shortfall(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]],
+              ar_episodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """By how much `heisd` misses each speed target it misses, and what the log says would close it.
 
     Measured, not modelled: the mode mix and per-mode mean step times of this run. For the mean:
@@ -71,10 +73,15 @@ def shortfall(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]]) -> 
     (at theirs), or the cut of every verified step's cost that would reach it at this skip share.
     For the p95: the share of steps slower than the target p95 (at most 5 % may be), by mode. For
     the accept length: the skip share at this run's forwards per verified step, or the forwards per
-    verified step at this skip share. `acceptance` calls it once both `heisd` and `ar` have steps.
+    verified step at this skip share. For success: how the pairs only one of them solved ended
+    (`failure_anatomy`). `acceptance` calls it once both `heisd` and `ar` have steps.
     """
     h, ar = report["heisd"], report["ar"]
     out: dict[str, Any] = {}
+    heisd_steps = [s for e in heisd_episodes for s in e["steps"]]
+    if 100.0 * (ar["success_rate"] - h["success_rate"]) > TARGETS["success_within_points_of_ar"]:
+        out["success"] = {"gap_points": 100.0 * (ar["success_rate"] - h["success_rate"]),
+                          **failure_anatomy(heisd_episodes, ar_episodes)}
     n = h["steps"]
     skip = h["modes"].get("skip", {"steps": 0, "mean_step_ms": 0.0})
     s_skip = h["skip_rate"]
@@ -101,3 +108,41 @@ def shortfall(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]]) -> 
                                 "skip_share_needed": (fwd - cycles) / (fwd - 1.0) if fwd > 1.0 else None,
                                 "forwards_per_verified_step_needed": (cycles - s_skip) / (1.0 - s_skip)}
     return out
+
+
+STALL_WINDOW = 50
+"""Steps at the end of a failed episode whose end-effector travel decides whether it stalled."""
+STALL_TRAVEL_M = 0.01
+"""Net end-effector travel (m) over those steps under which the arm stood still: a stall."""
+
+
+def stalled(episode: dict[str, Any]) -> bool:
+    """Whether a failed episode ended standing still: under STALL_TRAVEL_M net travel over its last
+    STALL_WINDOW steps (a shorter failed episode, e.g. one the simulator ended, is not a stall)."""
+    steps = episode["steps"]
+    if episode["success"] or len(steps) < STALL_WINDOW or any("ee" not in s for s in steps[-STALL_WINDOW:]):
+        return False
+    first, last = steps[-STALL_WINDOW]["ee"][:3], steps[-1]["ee"][:3]
+    return sum((a - b) ** 2 for a, b in zip(first, last)) ** 0.5 < STALL_TRAVEL_M
+
+
+def _policy_tokens(step: dict[str, Any]) -> bool:
+    """Whether a step output the policy's own tokens: strict, or equal to greedy ar's on its observation."""
+    return bool(step.get("strict")) or ("shadow" in step and list(step["shadow"]) == list(step["tokens"]))
+
+
+def failure_anatomy(heisd_episodes: Sequence[dict[str, Any]], ar_episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How the (task, init state) pairs only one of heisd and ar solved ended, from the log: how many
+    of the losing episodes stalled (`stalled`), and in heisd's stalls the share of its last steps that
+    output the policy's own tokens. A stall in which heisd outputs what ar would is the policy's own
+    stall, at a state heisd's relaxed steps led the arm to; one in which it does not is heisd's."""
+    ar = {(e["task"], e["init_state"]): e for e in ar_episodes}
+    pairs = [(e, ar[k]) for e in heisd_episodes if (k := (e["task"], e["init_state"])) in ar]
+    lost = [h for h, a in pairs if a["success"] and not h["success"]]
+    won = [a for h, a in pairs if h["success"] and not a["success"]]
+    stalls = [h for h in lost if stalled(h)]
+    tail = [s for h in stalls for s in h["steps"][-STALL_WINDOW:]]
+    return {"only_ar_solved": len(lost), "heisd_stalled": len(stalls),
+            "stall_policy_token_share": sum(map(_policy_tokens, tail)) / len(tail) if tail else None,
+            "only_heisd_solved": len(won), "ar_stalled": sum(map(stalled, won)),
+            "window_steps": STALL_WINDOW, "travel_m": STALL_TRAVEL_M}

@@ -305,3 +305,28 @@ def test_a_missed_speed_target_says_by_how_much_and_what_would_close_it() -> Non
         if e["method"] == "heisd":
             e["steps"] = [_step(t, "skip", 2.0, [], skipped=True) for t in range(4)]
     assert build_report(fast, ["ar", "heisd"], {})["_meta"]["acceptance"]["shortfall"] == {}
+
+
+def test_a_missed_success_target_says_how_the_lost_pairs_ended() -> None:
+    """heisd solves 1 of 3 pairs against ar's 2: the report counts the pairs only one solved and
+    whether the loser stood still at the end, and in heisd's stalls how often it output ar's tokens."""
+    def still(method: str, policy_tokens: bool) -> list[dict]:
+        steps = [_step(t, method, 20.0, [7], tokens=(3,) * 7) for t in range(60)]
+        for s in steps:
+            s["ee"] = [0.1, 0.0, 0.2]  # the arm stands still
+            s["shadow"] = [3] * 7 if policy_tokens else [4] * 7
+        return steps
+    moving = [_step(t, "ar", 40.0, [1] * 7) for t in range(60)]  # ee travels 1 cm a step
+    lost_still, lost_moving = still("skip", True), [_step(t, "retrieval", 10.0, [7]) for t in range(60)]
+    for s in lost_still[-10:]:
+        s["shadow"] = [4] * 7  # 10 of its last 50 steps are heisd's own
+    log = [_episode("ar", 0, 40, True, moving), _episode("heisd", 0, 40, False, lost_still),
+           _episode("ar", 1, 40, True, moving), _episode("heisd", 1, 40, False, lost_moving),
+           _episode("ar", 2, 40, False, still("ar", True)), _episode("heisd", 2, 40, True, moving)]
+    report = build_report(log, ["ar", "heisd"], {})
+    f = report["_meta"]["acceptance"]["shortfall"]["success"]
+    assert f["gap_points"] == pytest.approx(100 / 3)
+    assert (f["only_ar_solved"], f["heisd_stalled"], f["only_heisd_solved"], f["ar_stalled"]) == (2, 1, 1, 1)
+    assert f["stall_policy_token_share"] == pytest.approx(40 / 50)
+    assert "Of the 2 pairs only ar solved, heisd stalled in 1" in markdown(report)
+    assert "success" not in build_report(_run(), ["ar", "heisd"], {})["_meta"]["acceptance"]["shortfall"]
