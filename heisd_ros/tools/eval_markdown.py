@@ -290,6 +290,13 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
         lo, hi = acc["paired_difference_ci95"]
         out.append(f"- success paired against ar (heisd - ar): 95 % CI {100 * lo:+.0f} to {100 * hi:+.0f} points, "
                    f"McNemar exact p {_f(acc['mcnemar_p'], '.3f')}")
+    if (d := acc.get("discordant_pairs")) and d["only_ar_solved"] + d["only_heisd_solved"]:
+        share = d["stall_policy_token_share"]
+        out.append(f"- pairs only one solved: of the {d['only_ar_solved']} only ar solved, heisd stalled in "
+                   f"{d['heisd_stalled']} (the arm travelled under {100 * d['travel_m']:.0f} cm in its last "
+                   f"{d['window_steps']} steps), outputting the policy's own tokens (strict, or greedy ar's on the "
+                   "same observation) in " + (f"{share:.0%}" if share is not None else "n/a") + " of those steps; of "
+                   f"the {d['only_heisd_solved']} only heisd solved, ar stalled in {d['ar_stalled']}")
     w = acc.get("heisd_steps_by_source")
     if w and not (acc["speedup_at_least_2.5x"] and acc["p95_speedup_at_least_1.5x"]):
         out.append(f"- where heisd's steps went (the speed follows the mode mix and the per-mode costs above): drafter "
@@ -303,14 +310,8 @@ def _md_shortfall(short: dict[str, Any]) -> list[str]:
     """By how much each missed target is missed, and what this run's log says about why or would close it."""
     out = []
     if f := short.get("success"):
-        share = f["stall_policy_token_share"]
-        out.append(f"- success {f['gap_points']:.0f} points below ar (at most 5). Of the {f['only_ar_solved']} pairs only "
-                   f"ar solved, heisd stalled in {f['heisd_stalled']} (the arm travelled under "
-                   f"{100 * f['travel_m']:.0f} cm in its last {f['window_steps']} steps), outputting the policy's own "
-                   "tokens (strict, or greedy ar's on the same observation) in "
-                   + (f"{share:.0%}" if share is not None else "n/a") + " of those steps: the policy's own stall, at a "
-                   f"state heisd's relaxed steps led the arm to. ar stalled in {f['ar_stalled']} of the "
-                   f"{f['only_heisd_solved']} pairs only heisd solved")
+        out.append(f"- success {f['gap_points']:.0f} points below ar's (at most 5 may be); how the pairs only one "
+                   "solved ended is above")
     if m := short.get("mean"):
         need = m["skip_share_needed"]
         out.append(f"- mean step short by {m['short_ms']:.1f} ms ({m['mean_ms']:.1f} ms against the "

@@ -60,6 +60,7 @@ def acceptance(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]] 
         "drafter_at_least_1.15x": (drafter.get("speedup_vs_ar") is not None
                                    and drafter["speedup_vs_ar"] >= TARGETS["drafter_speedup_vs_ar"]),
         "heisd_steps_by_source": where,
+        "discordant_pairs": failure_anatomy(heisd_episodes, ar_episodes),
         "shortfall": shortfall(report, heisd_episodes, ar_episodes),
     }
 
@@ -73,15 +74,14 @@ def shortfall(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]],
     (at theirs), or the cut of every verified step's cost that would reach it at this skip share.
     For the p95: the share of steps slower than the target p95 (at most 5 % may be), by mode. For
     the accept length: the skip share at this run's forwards per verified step, or the forwards per
-    verified step at this skip share. For success: how the pairs only one of them solved ended
-    (`failure_anatomy`). `acceptance` calls it once both `heisd` and `ar` have steps.
+    verified step at this skip share. For success, the gap; `acceptance`'s `discordant_pairs` says how
+    the pairs only one of them solved ended. `acceptance` calls it once both `heisd` and `ar` have steps.
     """
     h, ar = report["heisd"], report["ar"]
     out: dict[str, Any] = {}
     heisd_steps = [s for e in heisd_episodes for s in e["steps"]]
     if 100.0 * (ar["success_rate"] - h["success_rate"]) > TARGETS["success_within_points_of_ar"]:
-        out["success"] = {"gap_points": 100.0 * (ar["success_rate"] - h["success_rate"]),
-                          **failure_anatomy(heisd_episodes, ar_episodes)}
+        out["success"] = {"gap_points": 100.0 * (ar["success_rate"] - h["success_rate"])}
     n = h["steps"]
     skip = h["modes"].get("skip", {"steps": 0, "mean_step_ms": 0.0})
     s_skip = h["skip_rate"]

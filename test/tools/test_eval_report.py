@@ -307,7 +307,7 @@ def test_a_missed_speed_target_says_by_how_much_and_what_would_close_it() -> Non
     assert build_report(fast, ["ar", "heisd"], {})["_meta"]["acceptance"]["shortfall"] == {}
 
 
-def test_a_missed_success_target_says_how_the_lost_pairs_ended() -> None:
+def test_the_report_says_how_the_pairs_only_one_method_solved_ended() -> None:
     """heisd solves 1 of 3 pairs against ar's 2: the report counts the pairs only one solved and
     whether the loser stood still at the end, and in heisd's stalls how often it output ar's tokens."""
     def still(method: str, policy_tokens: bool) -> list[dict]:
@@ -324,9 +324,11 @@ def test_a_missed_success_target_says_how_the_lost_pairs_ended() -> None:
            _episode("ar", 1, 40, True, moving), _episode("heisd", 1, 40, False, lost_moving),
            _episode("ar", 2, 40, False, still("ar", True)), _episode("heisd", 2, 40, True, moving)]
     report = build_report(log, ["ar", "heisd"], {})
-    f = report["_meta"]["acceptance"]["shortfall"]["success"]
-    assert f["gap_points"] == pytest.approx(100 / 3)
+    assert report["_meta"]["acceptance"]["shortfall"]["success"]["gap_points"] == pytest.approx(100 / 3)
+    f = report["_meta"]["acceptance"]["discordant_pairs"]
     assert (f["only_ar_solved"], f["heisd_stalled"], f["only_heisd_solved"], f["ar_stalled"]) == (2, 1, 1, 1)
     assert f["stall_policy_token_share"] == pytest.approx(40 / 50)
-    assert "Of the 2 pairs only ar solved, heisd stalled in 1" in markdown(report)
+    text = markdown(report)
+    assert "of the 2 only ar solved, heisd stalled in 1" in text and "outputting the policy's own tokens" in text
+    assert "of the 1 only heisd solved, ar stalled in 1" in text and "- success 33 points below ar's" in text
     assert "success" not in build_report(_run(), ["ar", "heisd"], {})["_meta"]["acceptance"]["shortfall"]
