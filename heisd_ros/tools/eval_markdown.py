@@ -291,12 +291,7 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
         out.append(f"- success paired against ar (heisd - ar): 95 % CI {100 * lo:+.0f} to {100 * hi:+.0f} points, "
                    f"McNemar exact p {_f(acc['mcnemar_p'], '.3f')}")
     if (d := acc.get("discordant_pairs")) and d["only_ar_solved"] + d["only_heisd_solved"]:
-        share = d["stall_policy_token_share"]
-        out.append(f"- pairs only one solved: of the {d['only_ar_solved']} only ar solved, heisd stalled in "
-                   f"{d['heisd_stalled']} (the arm travelled under {100 * d['travel_m']:.0f} cm in its last "
-                   f"{d['window_steps']} steps), outputting the policy's own tokens (strict, or greedy ar's on the "
-                   "same observation) in " + (f"{share:.0%}" if share is not None else "n/a") + " of those steps; of "
-                   f"the {d['only_heisd_solved']} only heisd solved, ar stalled in {d['ar_stalled']}")
+        out.append(_md_discordant(d))
     w = acc.get("heisd_steps_by_source")
     if w and not (acc["speedup_at_least_2.5x"] and acc["p95_speedup_at_least_1.5x"]):
         out.append(f"- where heisd's steps went (the speed follows the mode mix and the per-mode costs above): drafter "
@@ -304,6 +299,21 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
                    f"(routed away by the source choice), {w['drafter_no_window']:.0%} before a full window; "
                    f"retrieval {w['retrieval']:.0%}, skip {w['skip']:.0%}")
     return out + _md_shortfall(acc.get("shortfall") or {})
+
+
+def _md_discordant(d: dict[str, Any]) -> str:
+    """How the pairs only one of heisd and ar solved ended (`discordant_pairs`)."""
+    def endings(counts: dict[str, int]) -> str:
+        names = {"still": "stood still", "in_place": "moved in place", "moving": "kept moving",
+                 "unknown": "no pose logged", "ended_early": "ended early"}
+        return ", ".join(f"{names.get(k, k)} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+    text = (f"- pairs only one solved: heisd's {d['only_ar_solved']} losses over their last {d['window_steps']} steps "
+            f"({endings(d['heisd_endings'])}; still: a path under {100 * d['still_path_m']:.0f} cm, in place: under "
+            f"{100 * d['in_place_net_m']:.0f} cm from where the window began)")
+    if (share := d["policy_token_share"]) is not None:
+        text += (f" output the policy's own tokens (strict, or greedy ar's on the same observation) in {share:.1%} "
+                 f"of their {d['steps_known']} shadowed steps, {d['policy_endings']} of them in at least 95 %")
+    return text + f"; ar's {d['only_heisd_solved']} losses: {endings(d['ar_endings'])}"
 
 
 def _md_shortfall(short: dict[str, Any]) -> list[str]:

@@ -7,8 +7,10 @@ contention) decides whether the wall-time figures can be read at all.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedup_vs_ar": 1.5, "accept_length": 4.5,
@@ -67,7 +69,7 @@ def acceptance(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]] 
 
 def shortfall(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]],
               ar_episodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """By how much `heisd` misses each speed target it misses, and what the log says would close it.
+    """By how much `heisd` misses each target it misses, and what the log says would close it.
 
     Measured, not modelled: the mode mix and per-mode mean step times of this run. For the mean:
     the skip share that would reach the target if verified steps (at their mean cost) became skips
@@ -110,39 +112,59 @@ def shortfall(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]],
     return out
 
 
-STALL_WINDOW = 50
-"""Steps at the end of a failed episode whose end-effector travel decides whether it stalled."""
-STALL_TRAVEL_M = 0.01
-"""Net end-effector travel (m) over those steps under which the arm stood still: a stall."""
+END_WINDOW = 50
+"""Steps at the end of a failed episode that say how it ended."""
+STILL_PATH_M = 0.01
+"""End-effector path length (m) over those steps under which the arm stood still (a stalled arm
+moves well under a millimetre there)."""
+IN_PLACE_NET_M = 0.05
+"""Net end-effector displacement (m) over those steps under which an arm that did move went nowhere:
+it swung or hovered in place."""
+OWN_ENDING = 0.95
+"""Share of those steps outputting the policy's own tokens from which the ending is the policy's."""
 
 
-def stalled(episode: dict[str, Any]) -> bool:
-    """Whether a failed episode ended standing still: under STALL_TRAVEL_M net travel over its last
-    STALL_WINDOW steps (a shorter failed episode, e.g. one the simulator ended, is not a stall)."""
+def ending(episode: dict[str, Any]) -> str | None:
+    """How a failed episode ended over its last END_WINDOW steps: 'still' (a path under
+    STILL_PATH_M), 'in_place' (moving, but under IN_PLACE_NET_M from where the window began),
+    'moving', or 'unknown' (no pose logged there). None for a success or a failed episode shorter
+    than the window (e.g. one the simulator ended)."""
     steps = episode["steps"]
-    if episode["success"] or len(steps) < STALL_WINDOW or any("ee" not in s for s in steps[-STALL_WINDOW:]):
-        return False
-    first, last = steps[-STALL_WINDOW]["ee"][:3], steps[-1]["ee"][:3]
-    return sum((a - b) ** 2 for a, b in zip(first, last)) ** 0.5 < STALL_TRAVEL_M
+    if episode["success"] or len(steps) < END_WINDOW:
+        return None
+    if any("ee" not in s for s in steps[-END_WINDOW:]):
+        return "unknown"
+    ee = [s["ee"][:3] for s in steps[-END_WINDOW:]]
+    path = sum(math.dist(p, q) for p, q in pairwise(ee))
+    return "still" if path < STILL_PATH_M else "in_place" if math.dist(ee[0], ee[-1]) < IN_PLACE_NET_M else "moving"
 
 
-def _policy_tokens(step: dict[str, Any]) -> bool:
-    """Whether a step output the policy's own tokens: strict, or equal to greedy ar's on its observation."""
-    return bool(step.get("strict")) or ("shadow" in step and list(step["shadow"]) == list(step["tokens"]))
+def _policy_tokens(step: dict[str, Any]) -> bool | None:
+    """Whether a step output the policy's own tokens: strict, or equal to greedy ar's on its
+    observation (None for a relaxed step without ar's shadow: unknown)."""
+    if step.get("strict"):
+        return True
+    return list(step["shadow"]) == list(step["tokens"]) if "shadow" in step else None
+
+
+def _endings(failed: Sequence[dict[str, Any]]) -> dict[str, int]:
+    return dict(Counter(ending(e) or "ended_early" for e in failed))
 
 
 def failure_anatomy(heisd_episodes: Sequence[dict[str, Any]], ar_episodes: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """How the (task, init state) pairs only one of heisd and ar solved ended, from the log: how many
-    of the losing episodes stalled (`stalled`), and in heisd's stalls the share of its last steps that
-    output the policy's own tokens. A stall in which heisd outputs what ar would is the policy's own
-    stall, at a state heisd's relaxed steps led the arm to; one in which it does not is heisd's."""
+    """How the (task, init state) pairs only one of heisd and ar solved ended, from the log: the
+    losing episodes by `ending`, and for heisd's losses the share of their last steps (those whose
+    answer is known) that output the policy's own tokens, and how many losses end with at least
+    OWN_ENDING of them. An ending in which heisd outputs what ar would is the policy's own failure,
+    at a state heisd's relaxed steps led the arm to; one in which it does not is heisd's."""
     ar = {(e["task"], e["init_state"]): e for e in ar_episodes}
     pairs = [(e, ar[k]) for e in heisd_episodes if (k := (e["task"], e["init_state"])) in ar]
     lost = [h for h, a in pairs if a["success"] and not h["success"]]
     won = [a for h, a in pairs if h["success"] and not a["success"]]
-    stalls = [h for h in lost if stalled(h)]
-    tail = [s for h in stalls for s in h["steps"][-STALL_WINDOW:]]
-    return {"only_ar_solved": len(lost), "heisd_stalled": len(stalls),
-            "stall_policy_token_share": sum(map(_policy_tokens, tail)) / len(tail) if tail else None,
-            "only_heisd_solved": len(won), "ar_stalled": sum(map(stalled, won)),
-            "window_steps": STALL_WINDOW, "travel_m": STALL_TRAVEL_M}
+    own = [[v for s in h["steps"][-END_WINDOW:] if (v := _policy_tokens(s)) is not None] for h in lost]
+    known = [v for o in own for v in o]
+    return {"only_ar_solved": len(lost), "heisd_endings": _endings(lost),
+            "policy_token_share": sum(known) / len(known) if known else None, "steps_known": len(known),
+            "policy_endings": sum(1 for o in own if o and sum(o) / len(o) >= OWN_ENDING),
+            "only_heisd_solved": len(won), "ar_endings": _endings(won),
+            "window_steps": END_WINDOW, "still_path_m": STILL_PATH_M, "in_place_net_m": IN_PLACE_NET_M}

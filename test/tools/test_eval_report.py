@@ -307,28 +307,59 @@ def test_a_missed_speed_target_says_by_how_much_and_what_would_close_it() -> Non
     assert build_report(fast, ["ar", "heisd"], {})["_meta"]["acceptance"]["shortfall"] == {}
 
 
+def _failed_heisd(ee_of, shadow=True, strict_every=0, n=60) -> dict:
+    """A failed heisd episode of `n` skipped steps at poses `ee_of(t)`; its tokens are not ar's (shadow)."""
+    steps = [_step(t, "skip", 8.0, [], skipped=True, tokens=(3,) * 7) for t in range(n)]
+    for s in steps:
+        s["ee"] = ee_of(s["t"])
+        if shadow:
+            s["shadow"] = [4] * 7
+        if strict_every and s["t"] % strict_every == 0:
+            s["strict"] = True
+    return _episode("heisd", 0, 40, False, steps)
+
+
 def test_the_report_says_how_the_pairs_only_one_method_solved_ended() -> None:
-    """heisd solves 1 of 3 pairs against ar's 2: the report counts the pairs only one solved and
-    whether the loser stood still at the end, and in heisd's stalls how often it output ar's tokens."""
-    def still(method: str, policy_tokens: bool) -> list[dict]:
-        steps = [_step(t, method, 20.0, [7], tokens=(3,) * 7) for t in range(60)]
-        for s in steps:
-            s["ee"] = [0.1, 0.0, 0.2]  # the arm stands still
-            s["shadow"] = [3] * 7 if policy_tokens else [4] * 7
-        return steps
+    """heisd solves 1 of 3 pairs against ar's 2: the report sorts each loser's last 50 steps into
+    still / in place / moving and says how many of heisd's were the policy's own tokens."""
+    still = _failed_heisd(lambda t: [0.1, 0.0, 0.2])
+    for s in still["steps"][-40:]:
+        s["shadow"] = [3] * 7  # 40 of its last 50 steps are what ar would output
+    swinging = _failed_heisd(lambda t: [0.1 + 0.02 * (t % 2), 0.0, 0.2], strict_every=1)
+    swinging["task"] = 1
     moving = [_step(t, "ar", 40.0, [1] * 7) for t in range(60)]  # ee travels 1 cm a step
-    lost_still, lost_moving = still("skip", True), [_step(t, "retrieval", 10.0, [7]) for t in range(60)]
-    for s in lost_still[-10:]:
-        s["shadow"] = [4] * 7  # 10 of its last 50 steps are heisd's own
-    log = [_episode("ar", 0, 40, True, moving), _episode("heisd", 0, 40, False, lost_still),
-           _episode("ar", 1, 40, True, moving), _episode("heisd", 1, 40, False, lost_moving),
-           _episode("ar", 2, 40, False, still("ar", True)), _episode("heisd", 2, 40, True, moving)]
+    ar_still = [dict(s, ee=[0.3, 0.0, 0.2]) for s in moving]
+    log = [_episode("ar", 0, 40, True, moving), still, _episode("ar", 1, 40, True, moving), swinging,
+           _episode("ar", 2, 40, False, ar_still), _episode("heisd", 2, 40, True, moving)]
     report = build_report(log, ["ar", "heisd"], {})
     assert report["_meta"]["acceptance"]["shortfall"]["success"]["gap_points"] == pytest.approx(100 / 3)
     f = report["_meta"]["acceptance"]["discordant_pairs"]
-    assert (f["only_ar_solved"], f["heisd_stalled"], f["only_heisd_solved"], f["ar_stalled"]) == (2, 1, 1, 1)
-    assert f["stall_policy_token_share"] == pytest.approx(40 / 50)
+    assert (f["only_ar_solved"], f["heisd_endings"]) == (2, {"still": 1, "in_place": 1})
+    assert f["steps_known"] == 100 and f["policy_token_share"] == pytest.approx(90 / 100)
+    assert f["policy_endings"] == 1  # the swinging one (all strict); the still one is at 80 %
+    assert (f["only_heisd_solved"], f["ar_endings"]) == (1, {"still": 1})
     text = markdown(report)
-    assert "of the 2 only ar solved, heisd stalled in 1" in text and "outputting the policy's own tokens" in text
-    assert "of the 1 only heisd solved, ar stalled in 1" in text and "- success 33 points below ar's" in text
+    assert "heisd's 2 losses over their last 50 steps (stood still 1, moved in place 1;" in text
+    assert "in 90.0% of their 100 shadowed steps, 1 of them in at least 95 %; ar's 1 losses: stood still 1" in text
+    assert "- success 33 points below ar's" in text
     assert "success" not in build_report(_run(), ["ar", "heisd"], {})["_meta"]["acceptance"]["shortfall"]
+
+
+def test_an_ending_is_read_from_the_path_and_tokens_count_only_where_known() -> None:
+    """An arm that swings back and forth ends where it began but did not stand still; one that
+    travels is moving; a log without poses says so; a short failure ended early; a strict step is the
+    policy's own, a relaxed one without ar's shadow is unknown."""
+    from heisd_ros.tools.eval_targets import ending, failure_anatomy
+
+    swinging = _failed_heisd(lambda t: [0.1 + 0.02 * (t % 2), 0.0, 0.2])
+    assert swinging["steps"][-50]["ee"] == swinging["steps"][-2]["ee"] and ending(swinging) == "in_place"
+    assert ending(_failed_heisd(lambda t: [0.01 * t, 0.0, 0.2])) == "moving"
+    assert ending(_failed_heisd(lambda t: [0.1, 0.0, 0.2], n=30)) is None
+    no_pose = _failed_heisd(lambda t: [0.1, 0.0, 0.2])
+    for s in no_pose["steps"][-5:]:
+        del s["ee"]
+    assert ending(no_pose) == "unknown"
+    unshadowed = _failed_heisd(lambda t: [0.1, 0.0, 0.2], shadow=False, strict_every=5)  # 10 strict, 40 unknown
+    ar = [_episode("ar", 0, 40, True, [_step(t, "ar", 40.0, [1] * 7) for t in range(60)])]
+    f = failure_anatomy([unshadowed], ar)
+    assert (f["heisd_endings"], f["steps_known"], f["policy_token_share"]) == ({"still": 1}, 10, 1.0)
