@@ -103,6 +103,13 @@ def _deviation(step: dict[str, Any]) -> dict[str, float] | None:
             "gripper": float(tokens[GRIPPER_INDEX] != ar[GRIPPER_INDEX]), "equal": float(np.array_equal(tokens, ar))}
 
 
+def equal_to_ar(step: dict[str, Any]) -> bool | None:
+    """Whether a step output greedy ar's tokens on its observation (strict steps do; None: a relaxed
+    step without ar's shadow)."""
+    d = _deviation(step)
+    return None if d is None else bool(d["equal"])
+
+
 def _deviation_figures(devs: list[dict[str, float]]) -> dict[str, float]:
     if not devs:
         return {"steps": 0}
@@ -127,12 +134,18 @@ def shadow_deviation(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
                         for m in sorted({mode for mode, _ in devs})}}
 
 
+def pairs_with_ar(episodes: Sequence[dict[str, Any]],
+                  ar_episodes: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(episode, ar's episode) for each (task, init state) both ran."""
+    ar = {(e["task"], e["init_state"]): e for e in ar_episodes}
+    return [(e, ar[k]) for e in episodes if (k := (e["task"], e["init_state"])) in ar]
+
+
 def paired_success(episodes: Sequence[dict[str, Any]], ar_episodes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Success of a method against `ar` on the pairs both ran: the 2x2 table, the paired difference
     (method - ar) with its 95 % interval (Newcombe's hybrid score), the exact McNemar p, and the speedup
     on the pairs both solved (a ratio of means, under its own name)."""
-    ar = {(e["task"], e["init_state"]): e for e in ar_episodes}
-    both = [(e, ar[k]) for e in episodes if (k := (e["task"], e["init_state"])) in ar]
+    both = pairs_with_ar(episodes, ar_episodes)
     if not both:
         return None
     table = {"both": 0, "method_only": 0, "ar_only": 0, "neither": 0}

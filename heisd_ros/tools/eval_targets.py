@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
+from heisd_ros.tools.eval_evidence import equal_to_ar, pairs_with_ar
+
 TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedup_vs_ar": 1.5, "accept_length": 4.5,
            "drafter_speedup_vs_ar": 1.15}
 """heisd against ar of the same run: mean step 2.5x faster (by wall and by CPU time), p95 step 1.5x
@@ -22,7 +24,8 @@ faster, accept length (the paper's) 4.5, success within 5 points; the drafter 1.
 def acceptance(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]] = (),
                ar_episodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The TARGETS check of `heisd` (and `drafter`) against `ar` of the same run (not evaluated
-    without both), with the `shortfall` of each target heisd misses, read from both methods' episodes."""
+    without both), with the `shortfall` of each target heisd misses and how the pairs only one of
+    them solved ended (`discordant_pairs`), read from both methods' episodes."""
     h, ar = report.get("heisd"), report.get("ar")
     if not h or not ar or not h["steps"] or not ar["steps"]:
         return {"evaluated": False, "why": "needs both ar and heisd in the run"}
@@ -63,12 +66,11 @@ def acceptance(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]] 
                                    and drafter["speedup_vs_ar"] >= TARGETS["drafter_speedup_vs_ar"]),
         "heisd_steps_by_source": where,
         "discordant_pairs": failure_anatomy(heisd_episodes, ar_episodes),
-        "shortfall": shortfall(report, heisd_episodes, ar_episodes),
+        "shortfall": shortfall(report, [s for e in heisd_episodes for s in e["steps"]]),
     }
 
 
-def shortfall(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]],
-              ar_episodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def shortfall(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """By how much `heisd` misses each target it misses, and what the log says would close it.
 
     Measured, not modelled: the mode mix and per-mode mean step times of this run. For the mean:
@@ -81,7 +83,6 @@ def shortfall(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]],
     """
     h, ar = report["heisd"], report["ar"]
     out: dict[str, Any] = {}
-    heisd_steps = [s for e in heisd_episodes for s in e["steps"]]
     if 100.0 * (ar["success_rate"] - h["success_rate"]) > TARGETS["success_within_points_of_ar"]:
         out["success"] = {"gap_points": 100.0 * (ar["success_rate"] - h["success_rate"])}
     n = h["steps"]
@@ -139,14 +140,6 @@ def ending(episode: dict[str, Any]) -> str | None:
     return "still" if path < STILL_PATH_M else "in_place" if math.dist(ee[0], ee[-1]) < IN_PLACE_NET_M else "moving"
 
 
-def _policy_tokens(step: dict[str, Any]) -> bool | None:
-    """Whether a step output the policy's own tokens: strict, or equal to greedy ar's on its
-    observation (None for a relaxed step without ar's shadow: unknown)."""
-    if step.get("strict"):
-        return True
-    return list(step["shadow"]) == list(step["tokens"]) if "shadow" in step else None
-
-
 def _endings(failed: Sequence[dict[str, Any]]) -> dict[str, int]:
     return dict(Counter(ending(e) or "ended_early" for e in failed))
 
@@ -157,11 +150,10 @@ def failure_anatomy(heisd_episodes: Sequence[dict[str, Any]], ar_episodes: Seque
     answer is known) that output the policy's own tokens, and how many losses end with at least
     OWN_ENDING of them. An ending in which heisd outputs what ar would is the policy's own failure,
     at a state heisd's relaxed steps led the arm to; one in which it does not is heisd's."""
-    ar = {(e["task"], e["init_state"]): e for e in ar_episodes}
-    pairs = [(e, ar[k]) for e in heisd_episodes if (k := (e["task"], e["init_state"])) in ar]
+    pairs = pairs_with_ar(heisd_episodes, ar_episodes)
     lost = [h for h, a in pairs if a["success"] and not h["success"]]
     won = [a for h, a in pairs if h["success"] and not a["success"]]
-    own = [[v for s in h["steps"][-END_WINDOW:] if (v := _policy_tokens(s)) is not None] for h in lost]
+    own = [[v for s in h["steps"][-END_WINDOW:] if (v := equal_to_ar(s)) is not None] for h in lost]
     known = [v for o in own for v in o]
     return {"only_ar_solved": len(lost), "heisd_endings": _endings(lost),
             "policy_token_share": sum(known) / len(known) if known else None, "steps_known": len(known),
