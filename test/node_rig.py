@@ -38,6 +38,7 @@ class NodeRig:
         from heisd_ros.msg import ArmCommand, DecodeStats
         from rcl_interfaces.msg import Log
         from rclpy.executors import SingleThreadedExecutor
+        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
         from sensor_msgs.msg import Image
         from std_msgs.msg import Bool, Float64MultiArray, String
 
@@ -59,7 +60,11 @@ class NodeRig:
         n.create_subscription(ArmCommand, "arm_command", self._on_cmd, EVENT_QOS)
         n.create_subscription(DecodeStats, "decode_stats", self.stats.append, EVENT_QOS)
         n.create_subscription(DiagnosticArray, "/diagnostics", self.diags.append, EVENT_QOS)
-        n.create_subscription(Log, "/rosout", self.logs.append, 100)
+        # /rosout's own QoS (transient local): a node that logs before discovery has matched it with
+        # this subscription (a node just started, a loaded machine) delivers those lines on matching
+        rosout_qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE,
+                                durability=DurabilityPolicy.TRANSIENT_LOCAL)  # fmt: skip
+        n.create_subscription(Log, "/rosout", self.logs.append, rosout_qos)
         n.create_subscription(TwistStamped, "delta_twist_cmds", self.twists.append, EVENT_QOS)
         n.create_subscription(Float64MultiArray, "gripper_positions", self.grips.append, EVENT_QOS)
         self.pub_img = {v: n.create_publisher(Image, f"{v}/image_raw", SENSOR_QOS) for v in VIEWS}

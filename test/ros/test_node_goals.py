@@ -167,14 +167,18 @@ def test_get_state_answers_configuring_while_the_model_loads(remote):
     proc = _policy_process(4.0)  # a 4 s load: a blocked service would answer only after it
     try:
         assert remote.clients["get_state"].wait_for_service(timeout_sec=15.0), "no lifecycle services"
-        seen = []
+        client = remote.clients["get_state"]
+        seen, unanswered = [], 0
         end = time.monotonic() + 20.0
         while time.monotonic() < end and (not seen or seen[-1] != "active"):
-            t = time.monotonic()
-            seen.append(remote.call("get_state", GetState.Request(), timeout_s=2.0).current_state.label)
-            assert time.monotonic() - t < 2.0, "get_state blocked"
+            future = client.call_async(GetState.Request())
+            if remote.wait(future.done, 2.0):
+                seen.append(future.result().current_state.label)
+            else:  # a first call can go unanswered while discovery settles; one blocked by configure stays so
+                unanswered += 1
             time.sleep(0.05)
-        assert "configuring" in seen and seen[-1] == "active", seen
+        # a service blocked by the 4 s load would answer only once it ended: "configuring" is never its answer
+        assert "configuring" in seen and seen[-1] == "active", (seen, unanswered)
     finally:
         out = _stop(proc)
     assert proc.returncode == 0, out[-2000:]
