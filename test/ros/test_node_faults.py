@@ -134,36 +134,66 @@ def start(ctx, files, rig):
         node.destroy_node()
 
 
-def _recovers(rig: NodeRig, policy: PolicyNode) -> None:
-    """Valid input is commanded again within 1 s, and /diagnostics returns to OK."""
-    assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    t0, t = time.monotonic(), publish(rig)
-    while not rig.acted(t, 0.1) and time.monotonic() - t0 < 1.0:  # fresh sets at 10 Hz, as a camera would
+RECOVERY_S = 3.0
+"""Valid input to a command after a fault: a few steps of the real tiny policy on a loaded 2-core machine."""
+
+
+def _commanded(rig: NodeRig, timeout_s: float) -> float | None:
+    """Fresh sets at 10 Hz, as a camera would send them, until one is commanded: seconds to the first
+    command, None if none came within `timeout_s` (a single set could be lost to one slow step)."""
+    n_cmd, t0 = len(rig.arrivals), time.monotonic()
+    t = publish(rig)
+    while not rig.acted(t, 0.1) and time.monotonic() - t0 < timeout_s:
         t = publish(rig)
-    arrived = [m for m, c in rig.arrivals if m >= t0]
-    assert arrived and arrived[0] - t0 < 1.0, f"no command within 1 s of valid input: {rig.policy_status(0)[-3:]}"
+    arrived = [m for m, _ in rig.arrivals[n_cmd:]]
+    return arrived[0] - t0 if arrived and arrived[0] - t0 < timeout_s else None
+
+
+def _quiet(rig: NodeRig, quiet_s: float = 0.6, timeout_s: float = 3.0) -> None:
+    """Wait until no command has arrived for `quiet_s`: the sets `_commanded` sent after the first
+    commanded one may still be acted on, and a test counting commands from here must not see them."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        n = len(rig.commands)
+        time.sleep(quiet_s)
+        if len(rig.commands) == n:
+            return
+    raise AssertionError(f"commands kept arriving for {timeout_s} s without new input")
+
+
+def _healthy(level: int, message: str) -> bool:
+    """OK, or the one WARN a machine slower than the control period gives with no fault at all."""
+    return level == 0 or (level == 1 and message.startswith("decoding takes") and "longer than the control period" in message)
+
+
+def _recovers(rig: NodeRig, policy: PolicyNode) -> None:
+    """Valid input is commanded again within RECOVERY_S, and /diagnostics leaves its ERROR for a healthy status."""
+    assert rig.instruct(TASK, policy=policy), "instruction not delivered"
+    assert _commanded(rig, RECOVERY_S) is not None, f"no command within {RECOVERY_S} s of valid input: {rig.policy_status(0)[-3:]}"
     n_diag = len(rig.diags)
     end = time.monotonic() + 5.0
-    while time.monotonic() < end and not any(lvl == 0 for lvl, _, _ in rig.policy_status(n_diag)):
+    while time.monotonic() < end and not any(_healthy(lvl, m) for lvl, m, _ in rig.policy_status(n_diag)):
         publish(rig)
         time.sleep(0.1)
-    assert any(lvl == 0 for lvl, _, _ in rig.policy_status(n_diag)), rig.policy_status(n_diag)[-3:]
+    assert any(_healthy(lvl, m) for lvl, m, _ in rig.policy_status(n_diag)), rig.policy_status(n_diag)[-3:]
 
 
 def test_a_step_that_raises_costs_its_command_not_the_node(rig, start):
     """A RuntimeError (out of memory) from inside the language model: no command for that step, an
     ERROR diagnostic naming the cause, one log line per throttle period, the worker alive."""
-    policy = start(warn_throttle_s=30.0)
+    policy = start(warn_throttle_s=30.0, watchdog_factor=10.0)  # a slow step under load is no fault here
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    assert rig.acted(publish(rig), 5.0)
+    assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
+    _quiet(rig)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
     assert rig.instruct(OOM, policy=policy), "instruction not delivered"
-    bad = []
-    for _ in range(4):
+    failed = lambda: any("step_failed:" in v["rejected"] and int(v["rejected"].split("step_failed:")[1].split()[0]) >= 3
+                         for _, _, v in rig.policy_status(n_diag))  # noqa: E731  # fmt: skip
+    bad, end = [], time.monotonic() + 5.0
+    while not failed() and time.monotonic() < end:  # a newer set replaces one a slow step did not take
         bad.append(publish(rig))
         time.sleep(0.15)
-    assert rig.wait(lambda: any("step_failed:" in v["rejected"] and int(v["rejected"].split("step_failed:")[1].split()[0]) >= 3
-                                for _, _, v in rig.policy_status(n_diag)), 3.0), rig.policy_status(n_diag)  # fmt: skip
+    assert failed(), rig.policy_status(n_diag)
     named = [m for lvl, m, _ in rig.policy_status(n_diag) if lvl == ERROR and "step failed: RuntimeError" in m]
     assert named and "allocate" in named[0], rig.policy_status(n_diag)
     assert not any(rig.acted(t, 0.0) for t in bad) and len(rig.commands) == n_cmd
@@ -177,9 +207,10 @@ def test_a_step_that_raises_costs_its_command_not_the_node(rig, start):
 def test_a_dead_inference_thread_is_restarted(rig, start):
     """A BaseException ends the inference thread: the control timer notices, starts a new one and
     says so (log + diagnostics); valid input is commanded again."""
-    policy = start(warn_throttle_s=0.0)
+    policy = start(warn_throttle_s=0.0, watchdog_factor=10.0)  # a slow step under load is no fault here
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    assert rig.acted(publish(rig), 5.0)
+    assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
+    _quiet(rig)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
     assert rig.instruct(KILL, policy=policy), "instruction not delivered"
     publish(rig)
@@ -196,11 +227,12 @@ def test_a_hang_is_reported_again_every_throttle_period(rig, start):
     warn_throttle_s for as long as it lasts; commands resume after it ends."""
     policy = start(warn_throttle_s=0.5)  # watchdog budget: 3 x 0.1 s
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    assert rig.acted(publish(rig), 5.0)
+    assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
+    _quiet(rig)
     n_cmd, n_log = len(rig.commands), len(rig.logs)
     assert rig.instruct(HANG, policy=policy), "instruction not delivered"
     publish(rig)
-    assert rig.wait(lambda: rig.errors_logged(policy, "inference running for", n_log), 2.0)
+    assert rig.wait(lambda: rig.errors_logged(policy, "inference running for", n_log), 4.0)
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"  # the hung step still runs with HANG; the next ones will not
     assert rig.wait(lambda: policy._session.worker.running_s() is None, HANG_S + 2.0)
     hang = rig.errors_logged(policy, "inference running for", n_log)
