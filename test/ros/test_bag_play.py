@@ -47,9 +47,9 @@ def recording(tmp_path_factory):
     return path
 
 
-def bag_play(bag, sim_time: bool) -> tuple[list, list[int]]:
-    """Play `bag` like `ros2 bag play BAG --clock` into a node (use_sim_time as given); returns the
-    node's commands and the bag's synchronised step stamps (ns)."""
+def bag_play(bag, sim_time: bool, rate: float = 1.0) -> tuple[list, list[int]]:
+    """Play `bag` like `ros2 bag play BAG --clock --rate RATE` into a node (use_sim_time as given);
+    returns the node's commands and the bag's synchronised step stamps (ns)."""
     types = topic_types(bag)
     # ros2 bag play publishes every topic under its own name; the node's remaps pick the inputs
     plan = RoutePlan({t: Route(t, types[t], kind, t) for t, kind in KINDS.items()},
@@ -71,7 +71,7 @@ def bag_play(bag, sim_time: bool) -> tuple[list, list[int]]:
         th.start()
     run = MethodRun("node")
     try:
-        player = Player(player_node, plan, PlayConfig(restamp=False, clock=True))
+        player = Player(player_node, plan, PlayConfig(rate=rate, restamp=False, clock=True))
         assert player.wait_for_subscribers(10.0, ["agentview", "wrist", "pose", "instruction"]) == []
         player.play(stream_segments(bag, plan, 0.05), run, lambda stamp: True)
         player.settle(0.5)
@@ -89,7 +89,10 @@ def bag_play(bag, sim_time: bool) -> tuple[list, list[int]]:
 
 
 def test_bag_play_with_clock_gives_one_command_per_step(recording):
-    commands, steps = bag_play(recording, sim_time=True)
+    # at a quarter of the recorded pace (the node's timer and staleness run on the bag's /clock, so
+    # nothing else changes): an executor stall over one 33 ms frame on a loaded machine would let a
+    # newer set replace one before its step, and every set is to be commanded here
+    commands, steps = bag_play(recording, sim_time=True, rate=0.25)
     assert len(steps) == 60
     stamps = [c.header.stamp.sec * 10**9 + c.header.stamp.nanosec for c in commands]
     # one command per synchronised step, stamped with the recorded stamps (the pose's, newest)
