@@ -34,7 +34,7 @@ DOMAIN_ID = 76
 TASK = "pick up the red bowl"
 VIEWS = ("agentview", "wrist")
 COMPRESSED_TOPICS = ("cam_a/image_raw/compressed", "cam_b/image_raw/compressed")
-RECOVERY_S = 1.0
+RECOVERY_S = 3.0
 """Valid input after a refused one must be commanded within this."""
 
 

@@ -132,11 +132,13 @@ def remote(node_rig_on):
 def _wait_active(rig, proc, timeout_s: float = 30.0) -> None:
     from lifecycle_msgs.srv import GetState
 
+    client = rig.clients["get_state"]
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and proc.poll() is None:
-        if rig.clients["get_state"].wait_for_service(timeout_sec=0.2):
-            state = rig.call("get_state", GetState.Request()).current_state.label
-            if state == "active":
+        if client.wait_for_service(timeout_sec=0.2):
+            future = client.call_async(GetState.Request())
+            # a first call can go unanswered while discovery settles: ask again
+            if rig.wait(future.done, 2.0) and future.result().current_state.label == "active":
                 return
         time.sleep(0.05)
     raise AssertionError(f"the node never became active (exit {proc.poll()})")
@@ -200,9 +202,9 @@ def test_sigint_with_a_running_goal_and_streaming_inputs_always_delivers_the_res
             handle = sent.result()
             result = handle.get_result_async()
             n_cmd = len(remote.commands)
-            while len(remote.commands) < n_cmd + 3:
-                remote.publish_set()
-                time.sleep(1 / 30)
+            commanded = remote.wait(lambda: remote.publish_set() and len(remote.commands) >= n_cmd + 3, 10.0,
+                                    poll_s=1 / 30)  # fmt: skip
+            assert commanded and proc.poll() is None, f"run {run}: no commands (exit {proc.poll()})"
             proc.send_signal(signal.SIGINT)
             sent_at = time.monotonic()
             while proc.poll() is None and time.monotonic() - sent_at < 2.0:  # the inputs keep coming

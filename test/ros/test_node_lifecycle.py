@@ -157,10 +157,14 @@ def test_no_command_after_deactivate_returns(rig):
         rig.instruct(TASK)
         assert rig.wait(lambda: len(published) >= 2, 3.0)
         assert rig.wait(lambda: policy._session.worker.running_s() is not None, 2.0)  # a step in flight
-        n_stats = len(rig.stats)
-        outcome, returned = rig.on_executor(lambda: (policy.trigger_deactivate(), time.monotonic()))
+        worker = policy._session.worker
+        # whether a step is in flight is read on the executor, just before the transition: a loaded
+        # machine may take longer than the step's 150 ms to get there
+        in_flight, n_stats, outcome, returned = rig.on_executor(
+            lambda: (worker.running_s() is not None, len(rig.stats), policy.trigger_deactivate(), time.monotonic()))
         assert outcome == TransitionCallbackReturn.SUCCESS
-        assert rig.wait(lambda: len(rig.stats) > n_stats, 2.0), "the step in flight published no DecodeStats"
+        if in_flight:
+            assert rig.wait(lambda: len(rig.stats) > n_stats, 2.0), "the step in flight published no DecodeStats"
         time.sleep(0.5)
         assert all(t <= returned for t in published), "a command was published after deactivate returned"
         n_stats = len(rig.stats)
@@ -207,7 +211,8 @@ def test_warm_up_decodes_synthetic_steps_then_resets(rig):
         rig.instruct(TASK)
         assert rig.acted(rig.publish_set())
         assert dec.resets[-1] == TASK and rig.commands[-1].step_id == 1
-        assert any("warm-up: 3 steps" in m for m in rig.policy_logs(20)) and policy.configure_error == ""
+        assert rig.wait(lambda: any("warm-up: 3 steps" in m for m in rig.policy_logs(20)), 2.0)
+        assert policy.configure_error == ""
     finally:
         rig.stop()
 
@@ -323,7 +328,8 @@ def test_a_new_goal_preempts_the_running_one(rig):
         assert res.status == GOAL_STATUS["aborted"] and res.result.reason == "preempted"
         assert _result(rig, second).result.steps == 2
         assert rig.decoder.resets == [TASK, "push the blue block to the left"]
-        assert [f.step for f in feedback2] == [1, 2]
+        # the client may take the result before the last feedback message (one per wake-up)
+        assert rig.wait(lambda: [f.step for f in feedback2] == [1, 2], 2.0), [f.step for f in feedback2]
     finally:
         stream.stop()
         rig.stop()
@@ -334,10 +340,10 @@ def test_a_goal_times_out(rig):
     stream = Stream(rig)
     try:
         t0 = time.monotonic()
-        handle, _ = _send_goal(rig, TASK, timeout_s=0.4)
+        handle, _ = _send_goal(rig, TASK, timeout_s=1.0)
         res = _result(rig, handle)
         assert res.status == GOAL_STATUS["aborted"] and res.result.reason == "timeout" and res.result.steps > 0
-        assert 0.35 < time.monotonic() - t0 < 2.0
+        assert 0.95 < time.monotonic() - t0 < 5.0  # (t0 before the goal's round trip: a loaded machine's margin)
         n_cmd = len(rig.commands)
         time.sleep(0.3)
         assert len(rig.commands) == n_cmd

@@ -229,8 +229,9 @@ def test_database_outage_mid_run_keeps_commanding_in_drafter_mode_and_recovers(c
         during = run(4)
         assert all(s.mode == "drafter" and s.fallback.startswith("database fault") for s in during)
         assert len(listener.commands) == n_cmd + 4  # every step still commanded
-        statuses = [(st.name, st.level[0], st.message) for d in listener.diags[n_diag:] for st in d.status]
-        assert any(name.endswith(": policy") and lvl == 1 and "without retrieval" in m for name, lvl, m in statuses)
+        statuses = lambda: [(st.name, st.level[0], st.message) for d in listener.diags[n_diag:] for st in d.status]  # noqa: E731
+        assert listener.wait(lambda: any(name.endswith(": policy") and lvl == 1 and "without retrieval" in m
+                                         for name, lvl, m in statuses()), 3.0), statuses()  # fmt: skip
         assert listener.wait(lambda: any(st.name.endswith(": database") and st.level[0] == 2
                                          for d in listener.diags[n_diag:] for st in d.status), 3.0)  # fmt: skip
         qdrant_server.resume()
@@ -260,7 +261,7 @@ def test_a_model_that_reads_the_finger_gap_commands_only_with_fresh_joint_states
     torch.manual_seed(0)
     EagleDrafter(vla.language_model.config).save(root / "gap_drafter")
     node = _start(ctx, "gap", **_params(root, model_dir=str(root / "gap_model"), drafter_dir=str(root / "gap_drafter"),
-                                        image_staleness_s=1.0, pose_staleness_s=1.0))  # fmt: skip
+                                        image_staleness_s=1.0, pose_staleness_s=1.0, watchdog_factor=10.0))  # fmt: skip
     pub_joints = listener.node.create_publisher(JointState, "joint_states", SENSOR_QOS)
     listener.executor.add_node(node)
 
@@ -279,11 +280,16 @@ def test_a_model_that_reads_the_finger_gap_commands_only_with_fresh_joint_states
         assert not listener.commands
         assert listener.wait(lambda: any("finger gap" in l.msg and "joint_states" in l.msg and l.level == 30
                                          for l in listener.logs), 3.0), [l.msg for l in listener.logs]  # fmt: skip
-        for k in range(6, 12):
-            t = publish_step(listener, k)
-            pub_joints.publish(joints(t, ["panda_finger_joint1", "panda_finger_joint2"]))
-            time.sleep(0.12)
-        assert listener.wait(lambda: len(listener.commands) >= 2, 5.0)
+        fingers = iter(range(6, 30))  # (the path stays inside the node's 2 m workspace box up to k 31)
+
+        def with_fingers() -> bool:  # fresh sets with the fingers until two are commanded
+            k = next(fingers, None)
+            if k is not None:
+                t = publish_step(listener, k)
+                pub_joints.publish(joints(t, ["panda_finger_joint1", "panda_finger_joint2"]))
+            return len(listener.commands) >= 2
+
+        assert listener.wait(with_fingers, 10.0, poll_s=0.12)
         assert node._session.gap is not None and node._session.gap[1] == pytest.approx(0.06)
     finally:
         listener.executor.remove_node(node)
