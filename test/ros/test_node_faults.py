@@ -142,21 +142,22 @@ def _commanded(rig: NodeRig, timeout_s: float) -> float | None:
     """Fresh sets at 10 Hz, as a camera would send them, until one is commanded: seconds to the first
     command, None if none came within `timeout_s` (a single set could be lost to one slow step)."""
     n_cmd, t0 = len(rig.arrivals), time.monotonic()
-    t = publish(rig)
-    while not rig.acted(t, 0.1) and time.monotonic() - t0 < timeout_s:
-        t = publish(rig)
+    publish(rig)
+    while not rig.wait(lambda: len(rig.arrivals) > n_cmd, 0.1) and time.monotonic() - t0 < timeout_s:
+        publish(rig)
     arrived = [m for m, _ in rig.arrivals[n_cmd:]]
     return arrived[0] - t0 if arrived and arrived[0] - t0 < timeout_s else None
 
 
-def _quiet(rig: NodeRig, quiet_s: float = 0.6, timeout_s: float = 3.0) -> None:
-    """Wait until no command has arrived for `quiet_s`: the sets `_commanded` sent after the first
-    commanded one may still be acted on, and a test counting commands from here must not see them."""
+def _quiet(rig: NodeRig, policy: PolicyNode, quiet_s: float = 1.3, timeout_s: float = 6.0) -> None:
+    """Wait until no step is running and no command has arrived for `quiet_s` (over image_staleness_s,
+    1 s: the node commands no set older than that): the sets `_commanded` sent after the first commanded
+    one may still be acted on, and a test counting commands from here must not see them."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         n = len(rig.commands)
         time.sleep(quiet_s)
-        if len(rig.commands) == n:
+        if len(rig.commands) == n and policy._session.worker.running_s() is None:
             return
     raise AssertionError(f"commands kept arriving for {timeout_s} s without new input")
 
@@ -184,7 +185,7 @@ def test_a_step_that_raises_costs_its_command_not_the_node(rig, start):
     policy = start(warn_throttle_s=30.0, watchdog_factor=10.0)  # a slow step under load is no fault here
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
     assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
-    _quiet(rig)
+    _quiet(rig, policy)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
     assert rig.instruct(OOM, policy=policy), "instruction not delivered"
     failed = lambda: any("step_failed:" in v["rejected"] and int(v["rejected"].split("step_failed:")[1].split()[0]) >= 3
@@ -210,7 +211,7 @@ def test_a_dead_inference_thread_is_restarted(rig, start):
     policy = start(warn_throttle_s=0.0, watchdog_factor=10.0)  # a slow step under load is no fault here
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
     assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
-    _quiet(rig)
+    _quiet(rig, policy)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
     assert rig.instruct(KILL, policy=policy), "instruction not delivered"
     publish(rig)
@@ -228,10 +229,13 @@ def test_a_hang_is_reported_again_every_throttle_period(rig, start):
     policy = start(warn_throttle_s=0.5)  # watchdog budget: 3 x 0.1 s
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
     assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
-    _quiet(rig)
+    _quiet(rig, policy)
     n_cmd, n_log = len(rig.commands), len(rig.logs)
     assert rig.instruct(HANG, policy=policy), "instruction not delivered"
-    publish(rig)
+    worker, end = policy._session.worker, time.monotonic() + 5.0
+    while worker.running_s() is None and time.monotonic() < end:  # fresh sets until the (hanging) step runs
+        publish(rig)
+        rig.wait(lambda: worker.running_s() is not None, 0.1)
     assert rig.wait(lambda: rig.errors_logged(policy, "inference running for", n_log), 4.0)
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"  # the hung step still runs with HANG; the next ones will not
     assert rig.wait(lambda: policy._session.worker.running_s() is None, HANG_S + 2.0)

@@ -140,7 +140,20 @@ def test_configure_fails_with_the_reason_for_a_bad_model_dir(rig, tmp_path, monk
 def test_no_command_after_deactivate_returns(rig):
     """Deactivate while a step is being decoded: the step still publishes its DecodeStats, but no
     actuator message is published once the transition has returned; decoding stops."""
-    policy = rig.start(rig.fake(delay_s=0.15), control_rate_hz=10.0, image_staleness_s=1.0, pose_staleness_s=1.0)
+    dec = rig.fake()
+    gate = {"armed": False, "stamp": None}
+    entered, release = threading.Event(), threading.Event()
+    plain_step = dec.step
+
+    def held_step(obs):  # with the gate armed, the next step waits inside the decoder until released
+        if gate["armed"]:
+            gate["armed"], gate["stamp"] = False, obs.stamp_s
+            entered.set()
+            release.wait(5.0)
+        return plain_step(obs)
+
+    dec.step = held_step
+    policy = rig.start(dec, control_rate_hz=10.0, image_staleness_s=1.0, pose_staleness_s=1.0)
     published: list[float] = []
     outputs = policy._session.outputs
     original = outputs.publish_command
@@ -156,15 +169,14 @@ def test_no_command_after_deactivate_returns(rig):
     try:
         rig.instruct(TASK)
         assert rig.wait(lambda: len(published) >= 2, 3.0)
-        assert rig.wait(lambda: policy._session.worker.running_s() is not None, 2.0)  # a step in flight
-        worker = policy._session.worker
-        # whether a step is in flight is read on the executor, just before the transition: a loaded
-        # machine may take longer than the step's 150 ms to get there
-        in_flight, n_stats, outcome, returned = rig.on_executor(
-            lambda: (worker.running_s() is not None, len(rig.stats), policy.trigger_deactivate(), time.monotonic()))
+        gate["armed"] = True
+        assert entered.wait(3.0), "no step started"  # a step in flight, held until the transition returned
+        try:
+            outcome, returned = rig.on_executor(lambda: (policy.trigger_deactivate(), time.monotonic()))
+        finally:
+            release.set()
         assert outcome == TransitionCallbackReturn.SUCCESS
-        if in_flight:
-            assert rig.wait(lambda: len(rig.stats) > n_stats, 2.0), "the step in flight published no DecodeStats"
+        assert rig.stats_for(gate["stamp"]), "the step in flight published no DecodeStats"
         time.sleep(0.5)
         assert all(t <= returned for t in published), "a command was published after deactivate returned"
         n_stats = len(rig.stats)

@@ -228,7 +228,7 @@ def test_database_outage_mid_run_keeps_commanding_in_drafter_mode_and_recovers(c
         qdrant_server.pause()
         during = run(4)
         assert all(s.mode == "drafter" and s.fallback.startswith("database fault") for s in during)
-        assert len(listener.commands) == n_cmd + 4  # every step still commanded
+        assert listener.wait(lambda: len(listener.commands) == n_cmd + 4, 2.0)  # every step still commanded
         statuses = lambda: [(st.name, st.level[0], st.message) for d in listener.diags[n_diag:] for st in d.status]  # noqa: E731
         assert listener.wait(lambda: any(name.endswith(": policy") and lvl == 1 and "without retrieval" in m
                                          for name, lvl, m in statuses()), 3.0), statuses()  # fmt: skip
