@@ -149,9 +149,15 @@ class NodeRig:
         """Call one of the policy node's services; its response."""
         client = self.clients[name]
         assert client.wait_for_service(timeout_sec=timeout_s), f"no service {client.srv_name}"
-        future = client.call_async(request)
-        assert self.wait(future.done, timeout_s), f"{client.srv_name}: no response"
-        return future.result()
+        response = self.ask(name, request, timeout_s)
+        assert response is not None, f"{client.srv_name}: no response"
+        return response
+
+    def ask(self, name: str, request, timeout_s: float):
+        """One call of a service the caller knows is there: its response, or None if none came within
+        `timeout_s` (a first call to a node just started can go unanswered while discovery settles)."""
+        future = self.clients[name].call_async(request)
+        return future.result() if self.wait(future.done, timeout_s) else None
 
     def on_executor(self, fn, timeout_s: float = 15.0):
         """`fn()` run on the spinning executor's thread (its result): destroying an entity, or a
@@ -215,6 +221,18 @@ class NodeRig:
             self.pub_img[v].publish(msg)
         self.newest_frame_s = t
         return t
+
+    def stream_until(self, done, timeout_s: float, publish=None, period_s: float = 1 / 30) -> bool:
+        """Fresh sets every `period_s`, as a camera streams them (`publish()`, default `publish_set`),
+        until `done()`; whether it held within `timeout_s`. A single set can be lost to a slow step or
+        go stale before a busy node reaches it; a stream cannot."""
+        publish = publish or self.publish_set
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            publish()
+            if self.wait(done, period_s):
+                return True
+        return bool(done())
 
     def acted(self, t_s: float, timeout_s: float = 2.0) -> bool:
         """Whether a command for the set stamped `t_s` arrives within `timeout_s`."""

@@ -21,6 +21,11 @@ TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedu
 faster, accept length (the paper's) 4.5, success within 5 points; the drafter 1.15x faster."""
 
 
+def success_gap_points(h: dict[str, Any], ar: dict[str, Any]) -> float:
+    """How many points heisd's success rate is below ar's (negative: above)."""
+    return 100.0 * (ar["success_rate"] - h["success_rate"])
+
+
 def acceptance(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]] = (),
                ar_episodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The TARGETS check of `heisd` (and `drafter`) against `ar` of the same run (not evaluated
@@ -29,7 +34,7 @@ def acceptance(report: dict[str, Any], heisd_episodes: Sequence[dict[str, Any]] 
     h, ar = report.get("heisd"), report.get("ar")
     if not h or not ar or not h["steps"] or not ar["steps"]:
         return {"evaluated": False, "why": "needs both ar and heisd in the run"}
-    gap = 100.0 * (ar["success_rate"] - h["success_rate"])
+    gap = success_gap_points(h, ar)
     where: dict[str, float] = {}
     b = h.get("boundary")
     if b and b["steps"]:  # why a speed target is missed starts with where the steps went
@@ -83,8 +88,8 @@ def shortfall(report: dict[str, Any], heisd_steps: Sequence[dict[str, Any]]) -> 
     """
     h, ar = report["heisd"], report["ar"]
     out: dict[str, Any] = {}
-    if 100.0 * (ar["success_rate"] - h["success_rate"]) > TARGETS["success_within_points_of_ar"]:
-        out["success"] = {"gap_points": 100.0 * (ar["success_rate"] - h["success_rate"])}
+    if (gap := success_gap_points(h, ar)) > TARGETS["success_within_points_of_ar"]:
+        out["success"] = {"gap_points": gap}
     n = h["steps"]
     skip = h["modes"].get("skip", {"steps": 0, "mean_step_ms": 0.0})
     s_skip = h["skip_rate"]

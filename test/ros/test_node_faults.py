@@ -138,15 +138,15 @@ RECOVERY_S = 3.0
 """Valid input to a command after a fault: a few steps of the real tiny policy on a loaded 2-core machine."""
 
 
-def _commanded(rig: NodeRig, timeout_s: float) -> float | None:
-    """Fresh sets at 10 Hz, as a camera would send them, until one is commanded: seconds to the first
-    command, None if none came within `timeout_s` (a single set could be lost to one slow step)."""
-    n_cmd, t0 = len(rig.arrivals), time.monotonic()
-    publish(rig)
-    while not rig.wait(lambda: len(rig.arrivals) > n_cmd, 0.1) and time.monotonic() - t0 < timeout_s:
-        publish(rig)
-    arrived = [m for m, _ in rig.arrivals[n_cmd:]]
-    return arrived[0] - t0 if arrived and arrived[0] - t0 < timeout_s else None
+def _stream(rig: NodeRig, done, timeout_s: float) -> bool:
+    """The module's sweeping sets at 10 Hz until `done()` (NodeRig.stream_until)."""
+    return rig.stream_until(done, timeout_s, publish=lambda: publish(rig), period_s=0.1)
+
+
+def _commanded(rig: NodeRig, timeout_s: float) -> bool:
+    """Whether fresh sets got a command within `timeout_s` (a single set could be lost to one slow step)."""
+    n_cmd = len(rig.arrivals)
+    return _stream(rig, lambda: len(rig.arrivals) > n_cmd, timeout_s)
 
 
 def _quiet(rig: NodeRig, policy: PolicyNode, quiet_s: float = 1.3, timeout_s: float = 6.0) -> None:
@@ -170,13 +170,10 @@ def _healthy(level: int, message: str) -> bool:
 def _recovers(rig: NodeRig, policy: PolicyNode) -> None:
     """Valid input is commanded again within RECOVERY_S, and /diagnostics leaves its ERROR for a healthy status."""
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    assert _commanded(rig, RECOVERY_S) is not None, f"no command within {RECOVERY_S} s of valid input: {rig.policy_status(0)[-3:]}"
+    assert _commanded(rig, RECOVERY_S), f"no command within {RECOVERY_S} s of valid input: {rig.policy_status(0)[-3:]}"
     n_diag = len(rig.diags)
-    end = time.monotonic() + 5.0
-    while time.monotonic() < end and not any(_healthy(lvl, m) for lvl, m, _ in rig.policy_status(n_diag)):
-        publish(rig)
-        time.sleep(0.1)
-    assert any(_healthy(lvl, m) for lvl, m, _ in rig.policy_status(n_diag)), rig.policy_status(n_diag)[-3:]
+    healthy = lambda: any(_healthy(lvl, m) for lvl, m, _ in rig.policy_status(n_diag))  # noqa: E731
+    assert _stream(rig, healthy, 5.0), rig.policy_status(n_diag)[-3:]
 
 
 def test_a_step_that_raises_costs_its_command_not_the_node(rig, start):
@@ -184,17 +181,14 @@ def test_a_step_that_raises_costs_its_command_not_the_node(rig, start):
     ERROR diagnostic naming the cause, one log line per throttle period, the worker alive."""
     policy = start(warn_throttle_s=30.0, watchdog_factor=10.0)  # a slow step under load is no fault here
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
+    assert _commanded(rig, 5.0), rig.policy_status(0)[-3:]
     _quiet(rig, policy)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
     assert rig.instruct(OOM, policy=policy), "instruction not delivered"
     failed = lambda: any("step_failed:" in v["rejected"] and int(v["rejected"].split("step_failed:")[1].split()[0]) >= 3
                          for _, _, v in rig.policy_status(n_diag))  # noqa: E731  # fmt: skip
-    bad, end = [], time.monotonic() + 5.0
-    while not failed() and time.monotonic() < end:  # a newer set replaces one a slow step did not take
-        bad.append(publish(rig))
-        time.sleep(0.15)
-    assert failed(), rig.policy_status(n_diag)
+    bad = []  # a newer set replaces one a slow step did not take: sets until three steps failed
+    assert rig.stream_until(failed, 5.0, publish=lambda: bad.append(publish(rig)), period_s=0.15), rig.policy_status(n_diag)
     named = [m for lvl, m, _ in rig.policy_status(n_diag) if lvl == ERROR and "step failed: RuntimeError" in m]
     assert named and "allocate" in named[0], rig.policy_status(n_diag)
     assert not any(rig.acted(t, 0.0) for t in bad) and len(rig.commands) == n_cmd
@@ -210,7 +204,7 @@ def test_a_dead_inference_thread_is_restarted(rig, start):
     says so (log + diagnostics); valid input is commanded again."""
     policy = start(warn_throttle_s=0.0, watchdog_factor=10.0)  # a slow step under load is no fault here
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
+    assert _commanded(rig, 5.0), rig.policy_status(0)[-3:]
     _quiet(rig, policy)
     n_cmd, n_diag, n_log = len(rig.commands), len(rig.diags), len(rig.logs)
     assert rig.instruct(KILL, policy=policy), "instruction not delivered"
@@ -228,14 +222,12 @@ def test_a_hang_is_reported_again_every_throttle_period(rig, start):
     warn_throttle_s for as long as it lasts; commands resume after it ends."""
     policy = start(warn_throttle_s=0.5)  # watchdog budget: 3 x 0.1 s
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"
-    assert _commanded(rig, 5.0) is not None, rig.policy_status(0)[-3:]
+    assert _commanded(rig, 5.0), rig.policy_status(0)[-3:]
     _quiet(rig, policy)
     n_cmd, n_log = len(rig.commands), len(rig.logs)
     assert rig.instruct(HANG, policy=policy), "instruction not delivered"
-    worker, end = policy._session.worker, time.monotonic() + 5.0
-    while worker.running_s() is None and time.monotonic() < end:  # fresh sets until the (hanging) step runs
-        publish(rig)
-        rig.wait(lambda: worker.running_s() is not None, 0.1)
+    worker = policy._session.worker
+    _stream(rig, lambda: worker.running_s() is not None, 5.0)  # fresh sets until the (hanging) step runs
     assert rig.wait(lambda: rig.errors_logged(policy, "inference running for", n_log), 4.0)
     assert rig.instruct(TASK, policy=policy), "instruction not delivered"  # the hung step still runs with HANG; the next ones will not
     assert rig.wait(lambda: policy._session.worker.running_s() is None, HANG_S + 2.0)

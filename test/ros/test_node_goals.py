@@ -136,9 +136,8 @@ def _wait_active(rig, proc, timeout_s: float = 30.0) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and proc.poll() is None:
         if client.wait_for_service(timeout_sec=0.2):
-            future = client.call_async(GetState.Request())
-            # a first call can go unanswered while discovery settles: ask again
-            if rig.wait(future.done, 2.0) and future.result().current_state.label == "active":
+            state = rig.ask("get_state", GetState.Request(), 2.0)  # None: unanswered, ask again
+            if state is not None and state.current_state.label == "active":
                 return
         time.sleep(0.05)
     raise AssertionError(f"the node never became active (exit {proc.poll()})")
@@ -169,13 +168,12 @@ def test_get_state_answers_configuring_while_the_model_loads(remote):
     proc = _policy_process(4.0)  # a 4 s load: a blocked service would answer only after it
     try:
         assert remote.clients["get_state"].wait_for_service(timeout_sec=15.0), "no lifecycle services"
-        client = remote.clients["get_state"]
         seen, unanswered = [], 0
         end = time.monotonic() + 20.0
         while time.monotonic() < end and (not seen or seen[-1] != "active"):
-            future = client.call_async(GetState.Request())
-            if remote.wait(future.done, 2.0):
-                seen.append(future.result().current_state.label)
+            state = remote.ask("get_state", GetState.Request(), 2.0)
+            if state is not None:
+                seen.append(state.current_state.label)
             else:  # a first call can go unanswered while discovery settles; one blocked by configure stays so
                 unanswered += 1
             time.sleep(0.05)
@@ -202,8 +200,7 @@ def test_sigint_with_a_running_goal_and_streaming_inputs_always_delivers_the_res
             handle = sent.result()
             result = handle.get_result_async()
             n_cmd = len(remote.commands)
-            commanded = remote.wait(lambda: remote.publish_set() and len(remote.commands) >= n_cmd + 3, 10.0,
-                                    poll_s=1 / 30)  # fmt: skip
+            commanded = remote.stream_until(lambda: len(remote.commands) >= n_cmd + 3, 10.0)
             assert commanded and proc.poll() is None, f"run {run}: no commands (exit {proc.poll()})"
             proc.send_signal(signal.SIGINT)
             sent_at = time.monotonic()
@@ -244,7 +241,7 @@ def test_a_burst_of_goals_never_ends_the_node_and_the_last_one_runs(remote):
         # Fresh sets at the camera's rate until one is commanded: a node still working off the burst can
         # take longer than the staleness limit for the first, and rightly refuses it once it is stale.
         n_cmd = len(remote.commands)
-        commands = remote.wait(lambda: remote.publish_set() and len(remote.commands) > n_cmd, 10.0, poll_s=1 / 30)
+        commands = remote.stream_until(lambda: len(remote.commands) > n_cmd, 10.0)
         still_last = last.status == STATUS["executing"]  # the commands were the last goal's, not a late burst goal's
     finally:
         out = _stop(proc)

@@ -282,14 +282,12 @@ def test_a_model_that_reads_the_finger_gap_commands_only_with_fresh_joint_states
                                          for l in listener.logs), 3.0), [l.msg for l in listener.logs]  # fmt: skip
         fingers = iter(range(6, 30))  # (the path stays inside the node's 2 m workspace box up to k 31)
 
-        def with_fingers() -> bool:  # fresh sets with the fingers until two are commanded
-            k = next(fingers, None)
-            if k is not None:
+        def with_fingers() -> None:
+            if (k := next(fingers, None)) is not None:
                 t = publish_step(listener, k)
                 pub_joints.publish(joints(t, ["panda_finger_joint1", "panda_finger_joint2"]))
-            return len(listener.commands) >= 2
 
-        assert listener.wait(with_fingers, 10.0, poll_s=0.12)
+        assert listener.stream_until(lambda: len(listener.commands) >= 2, 10.0, publish=with_fingers, period_s=0.12)
         assert node._session.gap is not None and node._session.gap[1] == pytest.approx(0.06)
     finally:
         listener.executor.remove_node(node)
