@@ -32,7 +32,7 @@ tau_fit() {
     [ -f $E/calibration_fitted.json ] || { echo "no $E/calibration_fitted.json: run STAGE=fit or set TAU_FIT" >&2; exit 2; }
     .venv/bin/python -c "import json; print(json.load(open('$E/calibration_fitted.json'))['fused_metric']['tau'])"
 }
-COMMON=(--model $E/vla --drafter models/mini_libero/drafter --position-pool 20 --suite libero_object
+COMMON=(--model $E/vla --drafter models/mini_libero/drafter --suite libero_object
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
 
 CKPT=benchmarks/libero_object_partial  # the shard logs of a run in progress, xz-compressed

@@ -104,8 +104,12 @@ def files(tmp_path_factory):
     from heisd_ros.store.schema import DemoPoint
 
     root = tmp_path_factory.mktemp("docs_commands")
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.pipeline.calibration import apply_calibration
+
     vla = load_vla(MINI / "vla")
-    obs_dim, feat_dim = 2 * vla.query_dim, vla.hidden_size
+    views = apply_calibration(DecoderConfig(), MINI / "calibration.json").query_view_count  # the shipped point's
+    obs_dim, feat_dim = views * vla.query_dim, vla.hidden_size
     rng = np.random.default_rng(0)
     task = "pick up the alphabet soup and place it in the basket"
     first = vla.action_tokenizer.first_token_id

@@ -162,6 +162,14 @@ class VerifySkipConfig:
     """N_max: the live feature must be refreshed by a verified step at least this often."""
     gripper_lookahead_steps: int = 0
     """No skip when the hit's demonstration opens or closes the gripper within its next this many actions (0: off, <= 3)."""
+    max_hit_spread_bins: int = 0
+    """No skip unless the other Top-K hits agree with the hit: the median, over the other hits, of
+    the position group's summed |delta bin| to the hit is at most this (0: off). Demonstrations that
+    agree on the motion here say the state determines it, so the policy is likely to agree too."""
+    max_bins_from_verified: int = 0
+    """No skip unless the hit's position group is within this summed |delta bin| of the tokens the
+    last verified step executed (0: off). The policy's motion changes little from one step to the
+    next, so a demonstration action far from the last checked one is likely far from the policy's."""
     feedback_step: float = 0.005
     """Delta applied to min_S per episode result."""
     distance_shrink: float = 0.9
@@ -181,6 +189,8 @@ class VerifySkipConfig:
         require(0.0 <= dlo <= dhi, "max_distance_bounds_m must satisfy 0 <= lo <= hi")
         require(dlo <= self.max_distance_m <= dhi, "max_distance_m outside max_distance_bounds_m")
         require(0 <= self.max_consecutive_skips <= 100, "max_consecutive_skips must be in [0, 100]")
+        require(0 <= self.max_hit_spread_bins <= 765 and 0 <= self.max_bins_from_verified <= 765,
+                "max_hit_spread_bins and max_bins_from_verified must be in [0, 765] (0: off)")
         require(0 <= self.gripper_lookahead_steps <= 3,
                 "gripper_lookahead_steps must be in [0, 3] (a database point stores its next 3 actions)")
         require(math.isfinite(self.feedback_step) and self.feedback_step >= 0,
@@ -188,39 +198,32 @@ class VerifySkipConfig:
         require(0.0 < self.distance_shrink <= 1.0, "distance_shrink must be in (0, 1]")
 
 
-COST_SIGNALS = ("latency_ms", "forwards")
-"""What `SourceChoiceConfig` counts as a step's cost."""
-
-
 @dataclass(frozen=True)
 class SourceChoiceConfig:
     """Adaptive draft source above the kinematic boundary (heisd only; docs/design.md §5).
 
     Per episode, exponential averages of what retrieval-mode steps (verified or skipped) and
-    drafter-mode steps cost; a step with F >= tau retrieves only while retrieval's average is no
-    higher than the drafter's, with a retrieval probe every `probe_every_steps` steps routed away."""
+    drafter-mode steps cost, in LLM forwards; a step with F >= tau retrieves only while retrieval's
+    average is no higher than the drafter's, with a retrieval probe every `probe_every_steps` steps
+    routed away. Costs are counted, never timed: the same inputs route the same way on any machine
+    under any load."""
 
     enabled: bool = True
     """Learn the source online; False: every step with F >= tau retrieves (the kinematic boundary alone)."""
-    cost_signal: str = "latency_ms"
-    """A step's cost: 'latency_ms' (its measured total time: what the control loop pays, including
-    the retrieval query, the extra views and a wide verification forward) or 'forwards' (its LLM
-    forwards plus `retrieval_overhead_forwards` for a retrieval-mode step; the same routing on
-    every machine, for tests and replays)."""
     smoothing: float = 0.2
-    """Weight of the newest step in each exponential average, in (0, 1]. Step times are noisy and
-    bimodal (a skip against a verified step), so a larger weight routes on noise."""
+    """Weight of the newest step in each exponential average, in (0, 1]. Step costs are bimodal (a
+    skip against a verified step), so a larger weight routes on single steps."""
     min_retrieval_steps: int = 4
     """Retrieval-mode steps per episode before the averages are compared (until then F >= tau retrieves)."""
     probe_every_steps: int = 10
     """While retrieval costs more, every this-many-th step routed to the drafter retrieves instead,
     so a database that starts matching is noticed."""
     retrieval_overhead_forwards: float = 1.0
-    """cost_signal 'forwards': what the retrieval query, the extra views and the tree's width add
-    to a retrieval-mode step, in LLM forwards."""
+    """What the retrieval query, the views only it reads and the tree's wider prefill add to a
+    retrieval-mode step, in LLM forwards (a step's cost is its LLM forwards plus this for a
+    retrieval-mode step, skipped or verified)."""
 
     def __post_init__(self) -> None:
-        require(self.cost_signal in COST_SIGNALS, f"cost_signal must be one of {COST_SIGNALS}")
         require(0.0 < self.smoothing <= 1.0, "smoothing must be in (0, 1]")
         require(1 <= self.min_retrieval_steps <= 1000, "min_retrieval_steps must be in [1, 1000]")
         require(1 <= self.probe_every_steps <= 1000, "probe_every_steps must be in [1, 1000]")

@@ -152,6 +152,8 @@ class HybridDecoder:
                                         cfg.acceptance)
         self.instruction: str | None = None
         self.f_live: np.ndarray | None = None
+        self.last_verified_tokens: tuple[int, ...] | None = None
+        """The tokens the most recent verified (not skipped) step executed, this episode."""
         self.last_gripper_token: int | None = None
         self.last_query: np.ndarray | None = None
         self.profile = False
@@ -188,6 +190,7 @@ class HybridDecoder:
         self.skip.reset_episode()
         self.source_choice.reset()
         self.f_live = None
+        self.last_verified_tokens = None
         self.last_gripper_token = None
         self.gripper.reset()
 
@@ -259,6 +262,7 @@ class HybridDecoder:
             raise InvalidObservationError(f"decoded action is not finite: {action}")
         if decode is not None:
             self.f_live = torch.stack(decode.producers).float().mean(0).cpu().numpy()
+            self.last_verified_tokens = tuple(int(t) for t in tokens)
         self.last_gripper_token = int(tokens[GRIPPER_INDEX])
         # hold_steps 0 passes the (already binary) command through unchanged
         action[GRIPPER_INDEX], st.gripper_held = self.gripper(float(action[GRIPPER_INDEX]))
@@ -324,9 +328,11 @@ class HybridDecoder:
         st.mode = "retrieval"
         if self.cfg.method == "heisd" and self.cfg.verify_skip.enabled:
             for i, hit in enumerate(hits):
-                verdict = self.skip.decide(self.f_live, hit, np.asarray(obs.ee_pos), self.last_gripper_token)
+                verdict = self.skip.decide(self.f_live, hit, np.asarray(obs.ee_pos), self.last_gripper_token,
+                                           hits, self.last_verified_tokens)
                 if i == 0 or verdict.skip:
                     st.skip_check, st.skip_similarity = verdict.reason, verdict.similarity
+                    st.skip_spread_bins, st.skip_from_verified_bins = verdict.spread_bins, verdict.from_verified_bins
                 if verdict.skip:
                     st.mode, st.skipped, st.tokens = "skip", True, tuple(int(t) for t in hit.action_tokens)
                     return None

@@ -12,8 +12,8 @@ steps away it still retrieves on every `probe_every_steps`-th of them, so a data
 matching is noticed.
 
 It only chooses the draft source; acceptance decides what is executed, so strict decoding stays
-lossless whichever source is chosen. Deterministic: no randomness, and with `cost_signal`
-'forwards' the same inputs give the same routing on any machine.
+lossless whichever source is chosen. Deterministic: no randomness and no clock; a step's cost is
+counted in LLM forwards, so the same inputs give the same routing on any machine under any load.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class SourceChoice:
         """Forget the episode: a new scene may match the database where the last did not."""
         s = self.cfg.smoothing
         self.cost = {"retrieval": ExpAverage(s), "drafter": ExpAverage(s)}
-        """Cost of a step in either mode (ms or forwards, `cfg.cost_signal`)."""
+        """Cost of a step in either mode, in LLM forwards (`step_cost`)."""
         self.acceptance = {"retrieval": ExpAverage(s), "drafter": ExpAverage(s)}
         """Tokens fixed per decoding cycle (a skip is one cycle of 7), for reports."""
         self.routed_away = 0
@@ -120,9 +120,8 @@ class SourceChoice:
             self.acceptance[source].add(st.accept_length)
 
     def step_cost(self, st: StepStats) -> float:
-        """The cost of a finished step in the unit of `cfg.cost_signal`."""
-        if self.cfg.cost_signal == "latency_ms":
-            return float(st.latency_ms["total"])
+        """The cost of a finished step in LLM forwards: its own, plus the retrieval overhead for a
+        retrieval-mode step (a skip costs the overhead alone)."""
         overhead = self.cfg.retrieval_overhead_forwards if st.mode in RETRIEVAL_MODES else 0.0
         return st.llm_forwards + overhead
 

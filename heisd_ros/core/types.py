@@ -82,6 +82,10 @@ class StepStats:
     it verified: 'low_similarity', 'too_far', 'gripper_mismatch', ...); '' where no check ran."""
     skip_similarity: float = math.nan
     """cos(f_live, best hit's feat_prev) where the check got that far, else NaN."""
+    skip_spread_bins: float = math.nan
+    """Median position-group |delta bin| from the checked hit to the other Top-K hits (NaN where not measured)."""
+    skip_from_verified_bins: float = math.nan
+    """Position-group |delta bin| from the checked hit to the last verified step's tokens (NaN where not measured)."""
     tokens: tuple[int, ...] = ()
     fallback: str = ""
     """Why a mode fell back (e.g. database fault -> drafter), '' when nothing fell back."""

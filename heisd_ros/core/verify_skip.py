@@ -3,8 +3,9 @@
 Online, `VerifySkipPolicy.decide` lets a hit skip verification when the live feature of the last
 verified step is close to the hit's `feat_prev` (cosine >= min_S), the end effector is close to the
 hit's position (<= O_dist), the hit keeps the executed gripper state (and, optionally, its
-demonstration does not switch the gripper in the next few actions), and fewer than N_max steps in a
-row were skipped. Episode feedback moves min_S and O_dist and persists them atomically.
+demonstration does not switch the gripper in the next few actions), fewer than N_max steps in a
+row were skipped, and (each optional) the other Top-K hits agree with the hit's motion and the hit's
+motion is near the last verified step's. Episode feedback moves min_S and O_dist and persists them atomically.
 Offline, `calibrate_thresholds` derives min_S and O_dist from database pairs.
 
 This rule is lossy by design: a skipped step executes a demonstration's tokens that the target
@@ -21,7 +22,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -40,18 +41,39 @@ REASON_GRIPPER = "gripper_mismatch"
 REASON_GRIPPER_AHEAD = "gripper_change_ahead"
 REASON_SIMILARITY = "low_similarity"
 REASON_DISTANCE = "too_far"
+REASON_SPREAD = "hits_disagree"
+REASON_FROM_VERIFIED = "far_from_verified"
+
+POSITION = slice(0, 3)
+"""The position group (X, Y, Z) of an action's 7 tokens."""
 
 _STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
 class SkipDecision:
-    """Outcome of `VerifySkipPolicy.decide`; similarity/distance are NaN where not evaluated."""
+    """Outcome of `VerifySkipPolicy.decide`; measures are NaN where not evaluated."""
 
     skip: bool
     reason: str
     similarity: float = math.nan
     distance: float = math.nan
+    spread_bins: float = math.nan
+    """Median position-group |delta bin| from the hit to the other hits (NaN: no other hit)."""
+    from_verified_bins: float = math.nan
+    """Position-group |delta bin| from the hit to the last verified step's tokens (NaN: none yet)."""
+
+
+def position_bins(a, b) -> float:
+    """Summed |delta bin| of the position group between two 7-token actions (token ids differ by
+    exactly the bins: id = vocab - bin)."""
+    return float(np.abs(np.asarray(a[POSITION], dtype=np.int64) - np.asarray(b[POSITION], dtype=np.int64)).sum())
+
+
+def hit_spread_bins(hit: Hit, hits: Sequence[Hit]) -> float:
+    """Median position-group |delta bin| from `hit` to every other hit of the Top-K (NaN: none)."""
+    others = [position_bins(hit.action_tokens, h.action_tokens) for h in hits if h is not hit]
+    return float(np.median(others)) if others else math.nan
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
@@ -88,12 +110,16 @@ class VerifySkipPolicy:
         hit: Hit,
         ee_pos: np.ndarray,
         last_gripper_token: int | None,
+        hits: Sequence[Hit] = (),
+        last_verified_tokens: Sequence[int] | None = None,
     ) -> SkipDecision:
         """Whether `hit` may be executed without verification. Does not change any state.
 
         f_live: [D] feature of the most recent verified step (None before the first one).
         ee_pos: [3] current end-effector position, metres.
         last_gripper_token: gripper token of the last executed action (None if none yet).
+        hits: the step's Top-K (`hit` among them), for the agreement check.
+        last_verified_tokens: the 7 tokens the last verified step executed (None if none yet).
         Raises InvalidObservationError if f_live and hit.feat_prev differ in shape or either
         input is non-finite (a model/database mismatch must not pass silently as "no skip").
         """
@@ -104,15 +130,25 @@ class VerifySkipPolicy:
         if self.consecutive_skips >= self.cfg.max_consecutive_skips:
             return SkipDecision(False, REASON_MAX_CONSECUTIVE)
         similarity, distance = self._measure(f_live, hit, ee_pos)
+        spread = hit_spread_bins(hit, hits)
+        from_verified = math.nan if last_verified_tokens is None else position_bins(hit.action_tokens,
+                                                                                     last_verified_tokens)
+        measures = (similarity, distance, spread, from_verified)
         if last_gripper_token is None or int(hit.action_tokens[GRIPPER_INDEX]) != int(last_gripper_token):
-            return SkipDecision(False, REASON_GRIPPER, similarity, distance)
+            return SkipDecision(False, REASON_GRIPPER, *measures)
         if self._gripper_changes_ahead(hit):
-            return SkipDecision(False, REASON_GRIPPER_AHEAD, similarity, distance)
+            return SkipDecision(False, REASON_GRIPPER_AHEAD, *measures)
         if similarity < self.min_similarity:
-            return SkipDecision(False, REASON_SIMILARITY, similarity, distance)
+            return SkipDecision(False, REASON_SIMILARITY, *measures)
         if distance > self.max_distance_m:
-            return SkipDecision(False, REASON_DISTANCE, similarity, distance)
-        return SkipDecision(True, REASON_SKIP, similarity, distance)
+            return SkipDecision(False, REASON_DISTANCE, *measures)
+        c = self.cfg
+        # NaN (no other hit, no verified step yet) fails an enabled check: no evidence, no skip
+        if c.max_hit_spread_bins and not spread <= c.max_hit_spread_bins:
+            return SkipDecision(False, REASON_SPREAD, *measures)
+        if c.max_bins_from_verified and not from_verified <= c.max_bins_from_verified:
+            return SkipDecision(False, REASON_FROM_VERIFIED, *measures)
+        return SkipDecision(True, REASON_SKIP, *measures)
 
     def _gripper_changes_ahead(self, hit: Hit) -> bool:
         """Whether the demonstration opens or closes the gripper within the next

@@ -1,8 +1,16 @@
-"""Offline calibration of the hybrid boundary (docs/design.md §5) and the verify-skip thresholds (§6).
+"""Offline calibration of the hybrid boundary (docs/design.md §5) and the verify-skip thresholds (§6),
+and the operating-point file that carries them.
 
-The calibration file is JSON: {"fused_metric": {...FusedMetricConfig fields},
-"verify_skip": {"min_similarity", "max_distance_m", "enabled"}, "meta": {...}}. It is applied on
-top of a DecoderConfig; a missing or corrupt file leaves the configured defaults (with a warning).
+The operating-point file (the "calibration file" the node's `calibration_path` names) is JSON:
+    {"version": 2,
+     "fused_metric": {...}, "verify_skip": {...}, "retrieval": {...}, "source_choice": {...},
+     "acceptance": {...}, "drafter_tree": {...}, "gripper_hold_steps": N,
+     "chosen_from": {...}, "meta": {...}}
+Every decoder setting a figure is measured with is in it (`POINT_SECTIONS`, `POINT_SCALARS`), so the
+node, replay, demo and evaluation that read it run the same point. `heisd calibrate` and
+`heisd choose-point` write complete files; a hand-written file may hold fewer sections or fields
+(what it gives is applied, the rest keeps the configuration's value). It is applied on top of a
+DecoderConfig; a missing or corrupt file leaves the configured defaults (with a warning).
 """
 
 from __future__ import annotations
@@ -16,7 +24,17 @@ from typing import Sequence
 import numpy as np
 
 from heisd_ros.core.acceptance import SequenceRelaxedRule
-from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, VerifySkipConfig
+from heisd_ros.core.config import (
+    AcceptanceConfig,
+    DecoderConfig,
+    DrafterTreeConfig,
+    FusedMetricConfig,
+    RetrievalConfig,
+    SourceChoiceConfig,
+    VerifySkipConfig,
+    from_dict,
+    to_dict,
+)
 from heisd_ros.core.errors import CalibrationError, ConfigError
 from heisd_ros.core.kinematics import FusedMetric, fit_normalisation
 from heisd_ros.pipeline.closed_loop import f_summary, fused_values
@@ -266,21 +284,84 @@ def save_calibration(calib: dict, path: str | Path) -> None:
     write_json(path, calib)
 
 
+POINT_VERSION = 2
+"""Version of the operating-point file: 2 holds every decoder setting of the point (1, unversioned:
+the fused metric and verify-skip only)."""
+POINT_SECTIONS = {"fused_metric": FusedMetricConfig, "verify_skip": VerifySkipConfig, "retrieval": RetrievalConfig,
+                  "source_choice": SourceChoiceConfig, "acceptance": AcceptanceConfig,
+                  "drafter_tree": DrafterTreeConfig}
+"""The DecoderConfig sections an operating point sets whole."""
+POINT_SCALARS = ("gripper_hold_steps",)
+"""DecoderConfig fields outside the sections that belong to the point."""
+NOT_IN_POINT = {"verify_skip": ("state_path",)}
+"""Fields of those sections that belong to a deployment, not to the point (where feedback is kept)."""
+POINT_EXTRAS = ("version", "chosen_from", "meta")
+"""Other top-level keys of the file: its version, where the point was chosen from, what it was fitted on."""
+
+
+def point_settings(cfg: DecoderConfig) -> dict:
+    """Every setting of the operating point `cfg` runs, as the file holds them."""
+    out: dict = {}
+    for name in POINT_SECTIONS:
+        section = to_dict(getattr(cfg, name))
+        for field in NOT_IN_POINT.get(name, ()):
+            section.pop(field)
+        out[name] = section
+    for name in POINT_SCALARS:
+        out[name] = getattr(cfg, name)
+    return out
+
+
+def complete_point(calib: dict, cfg: DecoderConfig, chosen_from: dict | None = None) -> dict:
+    """The operating-point file of `calib` (a calibration or a chosen point) applied on `cfg`: every
+    setting written out, the version, where it was chosen from and `calib`'s meta."""
+    applied = apply_point(cfg, calib)
+    out = {"version": POINT_VERSION, **point_settings(applied)}
+    if chosen_from is not None or "chosen_from" in calib:
+        out["chosen_from"] = chosen_from if chosen_from is not None else calib["chosen_from"]
+    if "meta" in calib:
+        out["meta"] = calib["meta"]
+    return out
+
+
+def apply_point(cfg: DecoderConfig, data: dict) -> DecoderConfig:
+    """cfg with every setting an operating-point mapping gives. Raises ConfigError on an unknown key,
+    another version or a value its configuration refuses. A user's explicit `verify_skip.enabled:
+    false` wins over the file (turning skips off is always safe)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"an operating point is a JSON object, got {type(data).__name__}")
+    version = data.get("version", 1)
+    if version not in (1, POINT_VERSION):
+        raise ConfigError(f"operating-point version {version!r} unknown (this heisd reads 1 and {POINT_VERSION})")
+    unknown = sorted(set(data) - set(POINT_SECTIONS) - set(POINT_SCALARS) - set(POINT_EXTRAS))
+    if unknown:
+        raise ConfigError(f"unknown operating-point keys {unknown}")
+    changes: dict = {}
+    for name, cls in POINT_SECTIONS.items():
+        if name in data:
+            given = data[name]
+            if not isinstance(given, dict):
+                raise ConfigError(f"operating point: {name} must be an object")
+            changes[name] = from_dict(cls, {**to_dict(getattr(cfg, name)), **given})
+    for name in POINT_SCALARS:
+        if name in data:
+            changes[name] = data[name]
+    out = dataclasses.replace(cfg, **changes)
+    if not cfg.verify_skip.enabled and out.verify_skip.enabled:
+        out = dataclasses.replace(out, verify_skip=dataclasses.replace(out.verify_skip, enabled=False))
+    return out
+
+
 def apply_calibration(cfg: DecoderConfig, path: str | Path | None) -> DecoderConfig:
-    """cfg with the calibration file's values; missing/corrupt file -> cfg unchanged + warning."""
+    """cfg with the operating-point file's settings (`apply_point`); missing/corrupt file -> cfg
+    unchanged + warning."""
     if not path:
         return cfg
     try:
-        data = json.loads(Path(path).read_text())
-        fused = dataclasses.replace(cfg.fused_metric, **data.get("fused_metric", {}))
-        skip_fields = {k: v for k, v in data.get("verify_skip", {}).items() if k in {f.name for f in dataclasses.fields(VerifySkipConfig)}}
-        skip = dataclasses.replace(cfg.verify_skip, **skip_fields)
-        if not cfg.verify_skip.enabled:  # a user's explicit "off" wins over the calibration
-            skip = dataclasses.replace(skip, enabled=False)
-        return dataclasses.replace(cfg, fused_metric=fused, verify_skip=skip)
+        return apply_point(cfg, json.loads(Path(path).read_text()))
     except (OSError, json.JSONDecodeError, TypeError, ConfigError, AttributeError) as err:
         log.warning("calibration %s unusable (%s); using configured defaults", path, err)
         return cfg
 
 
-__all__ = ["calibrate", "StepCosts", "cheapest_threshold", "expected_step_ms", "apply_calibration", "save_calibration", "passes_sequence_rule", "CalibrationError"]
+__all__ = ["calibrate", "apply_point", "complete_point", "point_settings", "POINT_VERSION", "StepCosts", "cheapest_threshold", "expected_step_ms", "apply_calibration", "save_calibration", "passes_sequence_rule", "CalibrationError"]

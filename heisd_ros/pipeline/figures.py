@@ -12,6 +12,9 @@ Definitions:
   `BOOTSTRAP_SEED`), paired (one draw of episode indices serves `ar` and the method) when both ran
   the same episodes, each resample's ratio of means is taken over the pooled steps of the drawn
   episodes. None with fewer than two episodes: one episode gives no interval.
+- `episode_time_ratio` (`ratio_of_sums`): over the (task, init state) pairs both ran, the sum of
+  `ar`'s episode decode times over the sum of the method's (time per task rather than per step),
+  with the same seeded percentile bootstrap over the pairs.
 - `accept_length` (the paper's): tokens fixed per decoding cycle, a cycle being one verification
   forward or one skipped step (a skip fixes all 7 tokens in one cycle):
   7 x steps / (LLM forwards + skipped steps).
@@ -121,6 +124,25 @@ def speedup_figures(ar_episodes: Sequence[Sequence[float]], episodes: Sequence[S
         "median_speedup_vs_ar": float(np.median(ar) / np.median(me)),
         "p95_speedup_vs_ar": float(np.percentile(ar, 95) / np.percentile(me, 95)),
     }
+
+
+def ratio_of_sums(numerator: Sequence[float], denominator: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES,
+                  seed: int = BOOTSTRAP_SEED, level: float = LEVEL) -> tuple[float, list[float] | None]:
+    """(sum(numerator) / sum(denominator), its percentile bootstrap interval) over paired units.
+
+    The two lists hold one value per unit, in the same order (e.g. ar's and a method's decode time
+    of the same (task, init state) episode); one draw of unit indices resamples both sides, from a
+    generator seeded with `seed`. A ratio of sums, not a mean of per-unit ratios, so that a long
+    episode weighs as much as its time. NaN without units; no interval with fewer than two.
+    """
+    if len(numerator) != len(denominator):
+        raise ValueError("a ratio of paired sums needs one value per unit on both sides")
+    total = float(np.sum(denominator)) if len(denominator) else 0.0
+    ratio = float(np.sum(numerator)) / total if total > 0 else math.nan
+    # one "step" per unit: the bootstrap's ratio of means is then the ratio of sums of the drawn units
+    ci = bootstrap_ratio_of_means([[x] for x in numerator], [[x] for x in denominator], paired=True,
+                                  resamples=resamples, seed=seed, level=level)
+    return ratio, ci
 
 
 def bootstrap_meta(n_episodes: int, paired: bool, unit: str = "episode") -> dict[str, object]:

@@ -31,6 +31,22 @@ def source_revision() -> str:
     return rev + "+dirty" if out.stdout.strip() else rev
 
 
+def file_digest(name: str) -> str:
+    """Content digest of a model/drafter directory (its .json/.safetensors/.pt files) or a file."""
+    if not name:
+        return "none"
+    path = Path(name)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors", ".pt"))
+    else:
+        files = [path] if path.is_file() else []
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16] if files else "missing"
+
+
 def cpu_model() -> str:
     """The processor's model name (from /proc/cpuinfo on Linux): step times are comparable within one
     machine only, so a run records what it ran on."""

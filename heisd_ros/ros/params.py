@@ -40,6 +40,8 @@ from heisd_ros.ros.topics import REMOVED_TOPIC_PARAMETERS
 REMOVED_PARAMETERS: dict[str, str] = {
     **{name: f"--ros-args -r {remap}" for name, remap in REMOVED_TOPIC_PARAMETERS.items()},
     "store.path": "db_path (the one parameter naming the database directory)",
+    "decoder.source_choice.cost_signal": "nothing: a step's cost is always counted in LLM forwards (no decision "
+                                         "reads a clock)",
 }
 """Parameters of earlier releases -> what replaces each; a file or override that sets one is refused."""
 

@@ -133,6 +133,28 @@ def parse_goal(goal_state: Any) -> Goal:
     return Goal(relation, obj, target)
 
 
+SCENE_SEED_DOMAIN = 0x5CE4E
+"""First entropy word of a sealed scene's seed: keeps scene shifts apart from the seeds of
+demonstration variants (gen-demos' `episode_seed`) made of the same numbers."""
+
+
+def xy_shifts_m(max_shift_m: float, seed: int, count: int) -> np.ndarray:
+    """[count, 2] x, y shifts in metres, each drawn from U(-max_shift_m, max_shift_m): what a perturbed
+    reset adds to its movable objects, in the env's object order. All zero for max_shift_m = 0."""
+    if max_shift_m <= 0:
+        return np.zeros((count, 2))
+    return np.random.default_rng(seed).uniform(-max_shift_m, max_shift_m, size=(count, 2))
+
+
+def scene_shift_seed(scene_seed: int, task_index: int, init_state_index: int) -> int:
+    """The perturbed-reset seed of one sealed scene (`LiberoEnv.reset(k, d, seed)`).
+
+    A pure function of (scene seed, task, init state): every method of a (task, init state) pair
+    starts from the same shifted objects, whatever episodes ran before it or in which order."""
+    entropy = [SCENE_SEED_DOMAIN, scene_seed, task_index, init_state_index]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
 def _import_libero() -> tuple[Any, Any, Any]:
     try:
         from libero.libero import benchmark, get_libero_path
@@ -210,7 +232,7 @@ class LiberoEnv:
         self._forget_gripper_command()
         self._env.set_init_state(self.init_states[init_state_index])
         if perturb_xy_m > 0:
-            self._perturb_objects(perturb_xy_m, np.random.default_rng(seed))
+            self._perturb_objects(perturb_xy_m, seed)
         noop = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
         for _ in range(self.config.settle_steps):
             self._env.step(noop)
@@ -333,16 +355,18 @@ class LiberoEnv:
         pos = np.array(self.sim.data.site_xpos[site], dtype=np.float64)
         return ObjectPose(pos=pos, quat=owner.quat, rot=owner.rot, center=owner.center, half_extents=owner.half_extents)
 
-    def _perturb_objects(self, max_shift_m: float, rng: np.random.Generator) -> None:
+    def _perturb_objects(self, max_shift_m: float, seed: int) -> None:
+        """Add `xy_shifts_m(max_shift_m, seed, n)` to the x, y of the n free-jointed (movable) objects."""
         mj = self._mj
         model = self.sim.model._model
         qpos = self.sim.data._data.qpos
+        addresses = []
         for obj in self._env.env.objects_dict.values():
             for joint_name in getattr(obj, "joints", []):
                 joint = mj.mj_name2id(model, mj.mjtObj.mjOBJ_JOINT, joint_name)
-                if joint < 0 or model.jnt_type[joint] != mj.mjtJoint.mjJNT_FREE:
-                    continue
-                adr = model.jnt_qposadr[joint]
-                qpos[adr : adr + 2] += rng.uniform(-max_shift_m, max_shift_m, size=2)
+                if joint >= 0 and model.jnt_type[joint] == mj.mjtJoint.mjJNT_FREE:
+                    addresses.append(int(model.jnt_qposadr[joint]))
+        for adr, shift in zip(addresses, xy_shifts_m(max_shift_m, seed, len(addresses))):
+            qpos[adr : adr + 2] += shift
         self.sim.forward()
 

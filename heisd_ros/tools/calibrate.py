@@ -213,14 +213,15 @@ def write_plots(calib: dict, directory: str | Path) -> list[str]:
 
 
 def run(cfg: CalibrateConfig) -> dict:
-    from heisd_ros.pipeline.calibration import apply_calibration, calibrate, save_calibration
+    from heisd_ros.pipeline.calibration import apply_calibration, calibrate, complete_point, save_calibration
+    from heisd_ros.pipeline.outputs import file_digest
     from heisd_ros.pipeline.closed_loop import read_trajectories
-    from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, StoreConfig
+    from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, RetrievalConfig, StoreConfig
     from heisd_ros.pipeline.features import FeatureCache, GreedyCache
     from heisd_ros.models.loader import load_model
     from heisd_ros.models.spec import ModelSpec
     from heisd_ros.store.factory import make_store
-    from heisd_ros.store.manifest import read_manifest
+    from heisd_ros.store.manifest import manifest_path, read_manifest
     from heisd_ros.pipeline.outputs import git_revision
 
     torch.set_num_threads(cfg.threads)
@@ -263,6 +264,12 @@ def run(cfg: CalibrateConfig) -> dict:
             calib["meta"]["plots"] = write_plots(calib, cfg.plots)
         except ImportError:
             log.warning("matplotlib is not installed: no plots (pip install matplotlib)")
+    # the whole operating point: the fitted values on the defaults, retrieval pooling the views the
+    # database was built with
+    manifest = read_manifest(cfg.db) or {}
+    base = DecoderConfig(retrieval=RetrievalConfig(query_views=int(manifest.get("query_views", 0))))
+    calib = complete_point(calib, base, chosen_from={"kind": "demonstrations", "db_path": cfg.db,
+                                                     "db_manifest_digest": file_digest(str(manifest_path(cfg.db)))})
     save_calibration(calib, cfg.out)
     applied = apply_calibration(DecoderConfig(), cfg.out)
     if applied.fused_metric.tau != calib["fused_metric"]["tau"]:

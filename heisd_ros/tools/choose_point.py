@@ -2,7 +2,7 @@
 
 Usage:
     heisd choose-point --run artifacts/calib_run/report.json --calibration artifacts/calibration_fitted.json \
-        --out artifacts/calibration.json [--max-success-drop 5] [--max-gripper-disagreement 0.01] \
+        --out artifacts/calibration.json [--max-success-drop 5] [--max-gripper-disagreement 0.005] \
         [--max-position-p95-bins 30] [--min-episodes 50]
 
 The run is an `heisd eval-libero --purpose calibration --shadow-ar` report (init states held out
@@ -12,14 +12,17 @@ revision. The rule, fixed before any candidate is seen: a candidate is eligible 
 - it ran at least `--min-episodes` episodes, all paired with ar's (same task and init state);
 - its success, paired against ar's, is at most `--max-success-drop` points below (method - ar);
 - its strict steps all carry ar's tokens (strict-step agreement);
-- its deviation from greedy ar on the same observations (the shadow) stays in bounds: the gripper
-  token differs on at most `--max-gripper-disagreement` of its steps, and the 95th percentile of a
-  step's position-group |delta bin| is at most `--max-position-p95-bins` (30: the sequence-wise
-  acceptance bound of one group);
+- every lossy step of it was shadowed, and its skip steps (a demonstration's action executed
+  unverified) stay close to greedy ar on the same observations: over its skip steps alone, the
+  gripper token differs on at most `--max-gripper-disagreement` of them (0.5 %), and the 95th
+  percentile of a step's position-group |delta bin| is at most `--max-position-p95-bins` (30: the
+  sequence-wise acceptance bound of one group). A candidate without skip steps passes these two;
+  its other lossy steps (relaxed acceptance) are reported, not gated: their bound is the
+  acceptance rule's own;
 and among the eligible candidates the one with the lowest mean step time wins. The output is the
 calibration file with the chosen candidate's fields written in, and in `meta.chosen_point` the run,
-the rule and every candidate's figures and verdict; the evaluation then reports that point on
-episodes it was not chosen on.
+the rule and every candidate's figures (per kind of lossy step) and verdict; the evaluation then
+reports that point on episodes it was not chosen on.
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from heisd_ros.core.errors import ConfigError, HeisdError
-from heisd_ros.pipeline.calibration import save_calibration
+from heisd_ros.core.config import DecoderConfig, from_dict
+from heisd_ros.pipeline.calibration import POINT_SCALARS, POINT_SECTIONS, apply_point, complete_point, save_calibration
+from heisd_ros.tools.eval_evidence import LOSSY_CLASSES, class_figures
 from heisd_ros.tools.eval_variants import MethodVariant, parse_variants
 
-SECTIONS = ("fused_metric", "verify_skip")
-"""What a calibration file holds, hence what a candidate may change."""
+SECTIONS = (*POINT_SECTIONS, *POINT_SCALARS)
+"""What an operating-point file holds, hence what a candidate may change."""
 
 
 def candidates(report: dict[str, Any]) -> dict[str, MethodVariant]:
@@ -62,15 +67,16 @@ class PointRule:
     """The eligibility bounds of `choose` (the module docstring says what each one means)."""
 
     max_success_drop: float = 5.0
-    max_gripper_disagreement: float = 0.01
+    max_gripper_disagreement: float = 0.005
     max_position_p95_bins: float = 30.0
     min_episodes: int = 50
 
     def describe(self) -> str:
         return (f"lowest mean step among candidates with >= {self.min_episodes} episodes paired with ar, success "
-                f"(paired) >= ar's - {self.max_success_drop} points, every strict step equal to ar's, gripper "
-                f"disagreement with greedy ar <= {self.max_gripper_disagreement:.1%} of steps and p95 position "
-                f"|delta bin| <= {self.max_position_p95_bins:g}")
+                f"(paired) >= ar's - {self.max_success_drop} points, every strict step equal to ar's, every lossy "
+                f"step shadowed, and on its skip steps alone (none: passes) gripper disagreement with greedy ar "
+                f"<= {self.max_gripper_disagreement:.1%} and p95 position |delta bin| "
+                f"<= {self.max_position_p95_bins:g}")
 
 
 def _refusals(row: dict[str, Any], ar_episodes: int, rule: PointRule) -> list[str]:
@@ -92,15 +98,28 @@ def _refusals(row: dict[str, Any], ar_episodes: int, rule: PointRule) -> list[st
     if shadow is None:
         if row.get("lossy_steps", 1):
             why.append("no shadow of its lossy steps (run with --shadow-ar)")
+    elif "by_class" not in shadow:
+        why.append("a report without per-class shadow figures (rebuild it: heisd eval-libero --report-from LOG)")
     else:
-        dev = shadow["all"]
         if shadow.get("unshadowed_lossy_steps", 0):
             why.append(f"{shadow['unshadowed_lossy_steps']} lossy steps without a shadow")
-        if dev.get("gripper_disagreement", 0.0) > rule.max_gripper_disagreement:
-            why.append(f"gripper disagreement {dev['gripper_disagreement']:.2%}")
-        if dev.get("position_p95_bins", 0.0) > rule.max_position_p95_bins:
-            why.append(f"p95 position |delta bin| {dev['position_p95_bins']:g}")
+        skip = class_figures(shadow, "skip")
+        if skip.get("steps") and skip["gripper_disagreement"] > rule.max_gripper_disagreement:
+            why.append(f"skip-step gripper disagreement {skip['gripper_disagreement']:.2%}")
+        if skip.get("steps") and skip["position_p95_bins"] > rule.max_position_p95_bins:
+            why.append(f"skip-step p95 position |delta bin| {skip['position_p95_bins']:g}")
     return why
+
+
+def shadow_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's deviation from greedy ar as `meta.chosen_point` records it: the gated skip-step
+    figures by name, and every lossy class's figures (`by_class`) and all lossy steps' (`lossy`)."""
+    shadow = row.get("shadow") or {}
+    skip = class_figures(shadow, "skip")
+    return {"skip_steps": skip.get("steps", 0), "skip_position_p95_bins": skip.get("position_p95_bins"),
+            "skip_gripper_disagreement": skip.get("gripper_disagreement"),
+            "shadow_by_class": {c: class_figures(shadow, c) for c in LOSSY_CLASSES if class_figures(shadow, c)},
+            "shadow_lossy": shadow.get("lossy")}
 
 
 def choose(report: dict[str, Any], rule: PointRule) -> tuple[str, list[dict[str, Any]]]:
@@ -109,14 +128,12 @@ def choose(report: dict[str, Any], rule: PointRule) -> tuple[str, list[dict[str,
     for name in candidates(report):
         r = report[name]
         paired = r.get("paired_vs_ar") or {}
-        dev = (r.get("shadow") or {}).get("all", {})
         why = _refusals(r, report["ar"]["episodes"], rule)
         rows.append({"name": name, "success_rate": r["success_rate"], "episodes": r["episodes"],
                      "success_vs_ar_paired": paired.get("difference"),
                      "success_vs_ar_ci95": paired.get("difference_ci95"), "mcnemar_p": paired.get("mcnemar_p"),
                      "mean_step_ms": r["mean_step_ms"], "p95_step_ms": r["p95_step_ms"],
-                     "speedup_vs_ar": r["speedup_vs_ar"], "gripper_disagreement": dev.get("gripper_disagreement"),
-                     "position_p95_bins": dev.get("position_p95_bins"), "eligible": not why, "refused": why})
+                     "speedup_vs_ar": r["speedup_vs_ar"], **shadow_row(r), "eligible": not why, "refused": why})
     eligible = [row for row in rows if row["eligible"]]
     if not eligible:
         raise ConfigError("no candidate meets the rule (" + "; ".join(
@@ -124,13 +141,13 @@ def choose(report: dict[str, Any], rule: PointRule) -> tuple[str, list[dict[str,
     return min(eligible, key=lambda row: row["mean_step_ms"])["name"], rows
 
 
-def write_point(calibration: dict[str, Any], variant: MethodVariant) -> dict[str, Any]:
-    """The calibration with the variant's fields written into their sections."""
-    out = copy.deepcopy(calibration)
-    for path, value in variant.overrides:
-        section, field = path.split(".", 1)
-        out.setdefault(section, {})[field] = value
-    return out
+def write_point(report: dict[str, Any], calibration: dict[str, Any], variant: MethodVariant) -> dict[str, Any]:
+    """The whole operating point the candidate ran: the run's decoder configuration (the calibration
+    file applied on the evaluation's settings, `_meta.model.decoder_config`) with the candidate's
+    fields, every setting written out (`complete_point`); the calibration's meta is kept."""
+    recorded = report.get("_meta", {}).get("model", {}).get("decoder_config")
+    base = from_dict(DecoderConfig, recorded) if recorded else apply_point(DecoderConfig(), calibration)
+    return complete_point({"meta": copy.deepcopy(calibration.get("meta", {}))}, variant.config(base))
 
 
 def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) -> dict[str, Any]:
@@ -146,8 +163,11 @@ def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) ->
                           "revision, so that its command reproduces it")
     calibration = json.loads(Path(calibration_path).read_text())
     name, rows = choose(report, rule)
-    chosen = write_point(calibration, candidates(report)[name])
+    chosen = write_point(report, calibration, candidates(report)[name])
     meta = report["_meta"]
+    chosen["chosen_from"] = {"kind": "libero_run", "run": str(run_path), "run_git_rev": meta.get("git_rev"),
+                             "run_digest": file_digest(run_path), "candidate": name,
+                             "calibration_digest": file_digest(calibration_path)}
     chosen.setdefault("meta", {})["chosen_point"] = {
         "chosen": name, "rule": rule.describe(), "bounds": asdict(rule),
         "run": str(run_path), "run_git_rev": meta.get("git_rev"), "tasks": meta.get("tasks"),
@@ -168,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-success-drop", type=float, default=d.max_success_drop,
                    help="points below ar's success (paired) a candidate may be")
     p.add_argument("--max-gripper-disagreement", type=float, default=d.max_gripper_disagreement,
-                   help="share of a candidate's steps whose gripper token may differ from greedy ar's")
+                   help="share of a candidate's skip steps whose gripper token may differ from greedy ar's")
     p.add_argument("--max-position-p95-bins", type=float, default=d.max_position_p95_bins,
-                   help="bound on the p95 of a step's position-group |delta bin| against greedy ar")
+                   help="bound on the p95 over skip steps of a step's position-group |delta bin| against greedy ar")
     p.add_argument("--min-episodes", type=int, default=d.min_episodes, help="episodes a candidate must have run")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -183,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     info = chosen["meta"]["chosen_point"]
     for row in info["candidates"]:
         print(f"{row['name']:>16}: success {row['success_rate']:.0%} of {row['episodes']}, mean step "
-              f"{row['mean_step_ms']:.1f} ms, {row['speedup_vs_ar']:.2f}x ar"
+              f"{row['mean_step_ms']:.1f} ms, {row['speedup_vs_ar']:.2f}x ar, skip steps "
+              + (f"p95 {row['skip_position_p95_bins']:g} bins, gripper {row['skip_gripper_disagreement']:.2%}"
+                 if row["skip_steps"] else "no shadowed skip step")
               + ("" if row["eligible"] else f" (not eligible: {', '.join(row['refused'])})"))
     print(f"chose {info['chosen']}; wrote {args.out}")
     return 0

@@ -180,9 +180,20 @@ def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
 
 def ensure_task_db(cfg: DemoConfig, say=print) -> None:
     """Build `cfg.db_path` for the demo task when it does not exist: `heisd gen-demos` (10 expert
-    episodes at training init states 0-9) then `heisd build-db` with the policy's own backbone."""
+    episodes at training init states 0-9) then `heisd build-db` with the policy's own backbone,
+    pooling the views the operating point's retrieval queries (a cached database built otherwise is
+    built again)."""
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.pipeline.calibration import apply_calibration
+    from heisd_ros.store.manifest import read_manifest
+
+    query_views = apply_calibration(DecoderConfig(), cfg.calibration_path).retrieval.query_views
     if Path(cfg.db_path).exists():
-        return
+        built = int((read_manifest(cfg.db_path) or {}).get("query_views", 0))
+        if query_views in (0, built):
+            return
+        say(f"      {cfg.db_path} pools {built or 'all'} view(s), the operating point {query_views}: building it again")
+        shutil.rmtree(cfg.db_path)
     from heisd_ros.tools import build_db, gen_demos
 
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -196,7 +207,7 @@ def ensure_task_db(cfg: DemoConfig, say=print) -> None:
     tmp = Path(cfg.db_path + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if build_db.main(["--model", cfg.model_dir, "--demos", str(PUBLISHED_DEMOS / cfg.libero_suite),
-                      "--out", str(tmp), "--tasks", task, "--fresh"]) != 0:
+                      "--out", str(tmp), "--tasks", task, "--fresh", "--query-views", str(query_views)]) != 0:
         raise HeisdError("build-db failed; see its output above")
     tmp.rename(cfg.db_path)
 

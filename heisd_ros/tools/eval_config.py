@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,10 @@ from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
 
 PURPOSE_INIT_STATES = {"evaluation": tuple(EVAL_INIT_STATES), "calibration": tuple(range(20, 40))}
 """Which LIBERO init states each kind of run may use."""
+MAX_SCENE_SHIFT_M = 0.02
+"""Above it, shifted objects may overlap, and MuJoCo throws them apart (none of 900 LIBERO-Object
+scenes at 0.02 m, 0.7 % at 0.03 m, 6.6 % at 0.05 m)."""
+"""The largest sealed-scene shift per axis, metres: a few centimetres vary a scene, not its layout."""
 
 
 @dataclass(frozen=True)
@@ -43,18 +48,23 @@ class EvalLiberoConfig:
     """Control steps per episode (20 Hz) before it counts as a failure (LIBERO-Object's usual 280)."""
     camera_size_px: int = 128
     seed: int = 0
+    scene_shift_m: float = 0.0
+    """Sealed scenes: after the init state, every movable object is shifted by U(-d, d) metres in x and
+    y (0 = LIBERO's init states as shipped; at most MAX_SCENE_SHIFT_M)."""
+    scene_seed: int = 0
+    """Seed of the sealed scenes: with the task and init state it fixes each pair's shift."""
     threads: int = 1
     """torch CPU threads (fixed, so step latencies are comparable)."""
     dtype: str = "float32"
     unknown_task: str = "error"
     """A task missing from the database: 'error' or 'drafter' (decode without retrieval)."""
-    gripper_hold_steps: int = 0
-    """DecoderConfig.gripper_hold_steps for every method (0 = off, as OpenVLA)."""
-    position_pool: int = 0
-    """RetrievalConfig.position_pool for every method (0 = off: Top-K by embedding similarity)."""
     shadow_ar: bool = True
     """On every lossy step (a skip, a relaxed acceptance) also decode greedy `ar` on the same
     observation, outside the timed call, and log its tokens: the per-step deviation from ar."""
+    shadow_strict_every: int = 1
+    """With `shadow_ar`, also shadow strict steps (every method but `ar`): 0 never, 1 every strict step,
+    N the 1st, (N+1)-th, ... strict step of an episode. A shadowed strict step is checked against
+    greedy ar along the method's own path, where no step of ar's episode has its input."""
     online_methods: tuple[str, ...] = ()
     """Labels that keep episode feedback across episodes (Alg. 1's online stage, over the run's
     task sequence: --tasks order, then --init-states order). Every other label starts each episode
@@ -85,8 +95,14 @@ class EvalLiberoConfig:
             raise ConfigError("--subset-methods needs --subset-init-states, a part of --init-states")
         if not set(self.online_methods) <= set(everything):
             raise ConfigError(f"--online-methods {list(self.online_methods)} must be among the run's methods")
+        if self.shadow_strict_every < 0:
+            raise ConfigError("--shadow-strict-every must be >= 0 (0: never shadow a strict step)")
         if self.max_steps < 1 or self.threads < 1:
             raise ConfigError("max_steps and threads must be >= 1")
+        if not (math.isfinite(self.scene_shift_m) and 0.0 <= self.scene_shift_m <= MAX_SCENE_SHIFT_M):
+            raise ConfigError(f"--scene-shift-m must be in [0, {MAX_SCENE_SHIFT_M}] m, got {self.scene_shift_m}")
+        if self.scene_seed < 0:
+            raise ConfigError("--scene-seed must be >= 0")
         if not self.out.endswith(".json"):
             raise ConfigError("--out must name a .json file")
 

@@ -5,7 +5,8 @@ Usage:
         --calibration artifacts/mini_calibration.json --suite libero_object --tasks 0-9 --init-states 40-49 \\
         --methods ar,drafter,specvla,retrieval,heisd --max-steps 280 --out benchmarks/libero_object.json \\
         [--plots DIR] [--seed 0] [--threads 1] [--camera-size 128] [--unknown-task error] [--no-progress] \\
-        [--no-shadow-ar] [--online-methods heisd_online --variants heisd_online=heisd]
+        [--no-shadow-ar] [--online-methods heisd_online --variants heisd_online=heisd] \\
+        [--scene-shift-m 0.02 --scene-seed 7]   (sealed scenes: every movable object shifted, seeded)
     heisd eval-libero --model tiny ...      (the tiny test policy; it knows no LIBERO task)
     heisd eval-libero --report-from benchmarks/libero_object.jsonl --tasks 9 --init-states 40-45 \
         --methods ar,drafter --out benchmarks/subset.json   (a report of part of a log; runs nothing)
@@ -15,6 +16,8 @@ Protocol (the same for every method, in one process):
   --purpose calibration; the demonstrations use 0-19), every method gets its own LiberoEnv of the
   task, reset to that init state (10 settle steps),
   and its own HybridDecoder; the decoders share the VLA weights, drafter and database read-only.
+  With --scene-shift-m D every movable object is shifted (before settling) by U(-D, D) in x and y, from
+  (--scene-seed, task, init state) alone: the same shifted scene for every method of the pair.
 - The methods take turns at every control step, in --methods order: observation (two upright views,
   end-effector position, instruction) -> decoder.step -> env.step. Background CPU load therefore
   falls on all methods alike. An episode ends at task success or after --max-steps steps.
@@ -24,16 +27,19 @@ Protocol (the same for every method, in one process):
   stage over the run's task sequence); a resumed run replays their logged results first.
 - Evidence (tools/eval_evidence.py): every step logs an input digest, whether it was strict, its
   thread CPU time beside its wall time and, with --shadow-ar (the default), greedy ar's tokens on
-  the same observation for every lossy step. The run key holds the git revision: a log is never
-  resumed by other code. The command exits 3 when a strict step disagrees with ar on ar's inputs or
-  a method's first observation of a pair differs from ar's (the report is written all the same).
+  the same observation for every lossy step and, by --shadow-strict-every N (default 1: all), for
+  every N-th strict step of an episode (every method but ar). The run key holds the git revision: a
+  log is never resumed by other code. The command exits 3 when a strict step disagrees with ar (on
+  ar's own inputs, or with its shadow) or a method's first observation of a pair differs from ar's
+  (the report is written all the same).
 
 Outputs: `<out stem>.jsonl` (one line per finished (task, init state, method) episode with its per-step
 StepStats; a rerun with the same settings skips finished triples), the JSON report `--out` (one object
 per method plus `_meta`), `<out stem>.md` (tables) and, with --plots, PNG plots. The report covers the
 requested tasks x init states x methods found in the log. Per method: success with its 95 % Wilson
 interval; mean, median, p95, p99 step latency; speedup_vs_ar (ratio of means) with a bootstrap
-interval over the (task, init state) episodes, median_speedup_vs_ar; accept_length (the paper's) and
+interval over the (task, init state) episodes, median_speedup_vs_ar; episode_time_ratio (time per task:
+ar's summed episode decode time over the method's on the same pairs); accept_length (the paper's) and
 tokens_per_forward_verified (definitions: heisd_ros/pipeline/figures.py).
 
 Variants (`--variants`) are methods with some DecoderConfig fields changed, reported under their own
@@ -74,8 +80,10 @@ def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     t_start = time.perf_counter()
     pol = Policies(cfg)
     key = {"suite": cfg.suite, "max_steps": cfg.max_steps, "camera_size_px": cfg.camera_size_px,
-           "dtype": cfg.dtype, "unknown_task": cfg.unknown_task, "seed": cfg.seed, **pol.fingerprint()}
+           "dtype": cfg.dtype, "unknown_task": cfg.unknown_task, "seed": cfg.seed,
+           "scene_shift_m": cfg.scene_shift_m, "scene_seed": cfg.scene_seed, **pol.fingerprint()}
     key.update(purpose=cfg.purpose, variants=[v.describe() for v in cfg.variants], shadow_ar=cfg.shadow_ar,
+               shadow_strict_every=cfg.shadow_strict_every if cfg.shadow_ar else 0,
                online_methods=list(cfg.online_methods),
                # one revision a run: a log resumed by other code is refused (a new revision is a new run)
                git_rev=source_revision())
@@ -128,7 +136,8 @@ def _run_task(cfg: EvalLiberoConfig, task: int, todo: set[tuple[int, int, str]],
     try:
         for k, methods in pending.items():
             if methods:
-                run_pair(cfg.max_steps, task, k, methods, envs, pol, log, bar)
+                run_pair(cfg.max_steps, task, k, methods, envs, pol, log, bar, cfg.scene_shift_m, cfg.scene_seed,
+                         shadow_strict_every=cfg.shadow_strict_every)
                 n_run += len(methods)
     finally:
         for env in envs:
@@ -148,7 +157,9 @@ def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> 
     log = ResultLog.read(log_path)
     key = log.run_key
     cfg = dataclasses.replace(cfg, suite=key["suite"], max_steps=key["max_steps"], seed=key["seed"],
-                              camera_size_px=key["camera_size_px"], dtype=key["dtype"])
+                              camera_size_px=key["camera_size_px"], dtype=key["dtype"],
+                              # a log written before sealed scenes ran LIBERO's init states unshifted
+                              scene_shift_m=key.get("scene_shift_m", 0.0), scene_seed=key.get("scene_seed", 0))
     found = {(e["task"], e["init_state"], e["method"]) for e in log.episodes}
     missing = [triple for triple in cfg.triples() if triple not in found]
     if missing:
@@ -171,6 +182,7 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
     meta = {
         "command": command, "suite": cfg.suite, "tasks": list(cfg.tasks), "init_states": list(cfg.init_states),
         "pairs": len(pairs), "methods": list(cfg.methods), "max_steps": cfg.max_steps, "seed": cfg.seed,
+        "scene_shift_m": cfg.scene_shift_m, "scene_seed": cfg.scene_seed,
         "purpose": cfg.purpose, "variants": [v.describe() for v in cfg.variants],
         "subset": {"methods": list(cfg.subset_methods), "init_states": list(cfg.subset_init_states)},
         "seeds": {"torch": cfg.seed, "env": 0, "decoding": "greedy (deterministic)"},
@@ -178,8 +190,10 @@ def write_outputs(cfg: EvalLiberoConfig, log, command: str, key: dict[str, Any])
         "protocol": ("per (task, init state) every method runs on its own env instance and decoder; methods take "
                      "turns per control step in the methods order; every episode starts from the configured "
                      "operating point (episode feedback only for the online methods, in log order); greedy ar "
-                     "shadows every lossy step" if cfg.shadow_ar else "no ar shadow"),
+                     "shadows every lossy step and, of the methods but ar, strict steps 1, N+1, 2N+1, ... of each "
+                     f"episode (N = {cfg.shadow_strict_every}; 0: none)" if cfg.shadow_ar else "no ar shadow"),
         "online_methods": list(cfg.online_methods), "shadow_ar": cfg.shadow_ar,
+        "shadow_strict_every": cfg.shadow_strict_every if cfg.shadow_ar else 0,
         "model": key, "log": str(log.path),
         "invocations": [{k: v for k, v in sess.items() if k != "probe_top5_ms"} for sess in log.sessions],
         "stopped_invocations": list(getattr(log, "stopped", [])),
@@ -228,16 +242,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=d.max_steps)
     p.add_argument("--camera-size", type=int, default=d.camera_size_px, help="square image size in pixels")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--scene-shift-m", type=float, default=d.scene_shift_m, metavar="D",
+                   help="sealed scenes: shift every movable object by a seeded U(-D, D) m in x and y after the "
+                        "init state, the same for every method of a pair (0 = as LIBERO ships it; at most 0.02: beyond it objects may overlap)")
+    p.add_argument("--scene-seed", type=int, default=d.scene_seed, metavar="S",
+                   help="seed of the sealed scenes (with the task and init state it fixes a pair's shift)")
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--dtype", default=d.dtype, choices=("float32", "bfloat16"))
     p.add_argument("--unknown-task", default=d.unknown_task, choices=("error", "drafter"))
-    p.add_argument("--gripper-hold-steps", type=int, default=d.gripper_hold_steps,
-                   help="a gripper change is executed after this many consecutive steps ask for it (0 = off)")
-    p.add_argument("--position-pool", type=int, default=d.position_pool,
-                   help="fetch N hits by embedding similarity, keep the Top-K nearest in end-effector "
-                        "position (0 = off)")
     p.add_argument("--shadow-ar", action=argparse.BooleanOptionalAction, default=d.shadow_ar,
                    help="decode greedy ar (untimed) on every lossy step and log its tokens")
+    p.add_argument("--shadow-strict-every", type=int, default=d.shadow_strict_every, metavar="N",
+                   help="with --shadow-ar, also decode greedy ar on every N-th strict step of an episode "
+                        "(1: all, 0: none; never ar's own): strict-step agreement along the method's path")
     p.add_argument("--online-methods", default="",
                    help="labels whose verify-skip thresholds adapt across episodes (Alg. 1's online stage)")
     p.add_argument("--out", default=d.out, help="JSON report; the log is <out stem>.jsonl, the table <out stem>.md")
@@ -257,9 +274,10 @@ def config_from_args(args: argparse.Namespace) -> EvalLiberoConfig:
         subset_methods=_names(args.subset_methods),
         subset_init_states=parse_range(args.subset_init_states) if args.subset_init_states else (),
         purpose=args.purpose, max_steps=args.max_steps,
-        camera_size_px=args.camera_size, seed=args.seed, threads=args.threads, dtype=args.dtype,
-        unknown_task=args.unknown_task, gripper_hold_steps=args.gripper_hold_steps,
-        position_pool=args.position_pool, shadow_ar=args.shadow_ar, online_methods=_names(args.online_methods),
+        camera_size_px=args.camera_size, seed=args.seed, scene_shift_m=args.scene_shift_m,
+        scene_seed=args.scene_seed, threads=args.threads, dtype=args.dtype,
+        unknown_task=args.unknown_task, shadow_ar=args.shadow_ar, shadow_strict_every=args.shadow_strict_every,
+        online_methods=_names(args.online_methods),
         out=args.out,
         plots_dir=args.plots, progress=not args.no_progress,
     )

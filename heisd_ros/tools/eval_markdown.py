@@ -23,6 +23,8 @@ FOOTNOTE = [
     "  over episodes (the (task, init state) pairs drawn with replacement, one draw for ar and the method).",
     "  Median speedup = median ar step / median step. CPU speedup: the same ratio of means on the thread CPU",
     "  time of the call (immune to preemption by other processes).",
+    "- Time per task vs ar = the sum of ar's episode decode times / the sum of the method's, over the (task, init",
+    "  state) pairs both ran (it counts the steps each needed); 95 % interval: percentile bootstrap over the pairs.",
     "- Accept length (the paper's): tokens per decoding cycle, a cycle being one verification forward or one",
     "  skipped step (a skip fixes all 7 tokens in one cycle) = 7 x steps / (LLM forwards + skipped steps).",
     "- Tokens/forward (verified) = 7 x verified (not skipped) steps / LLM forwards on those steps.",
@@ -64,6 +66,8 @@ def _md_header(meta: dict[str, Any]) -> list[str]:
              f"({meta.get('pairs', '?')} (task, init state) pairs per method), max {meta.get('max_steps')} steps, "
              f"seed {meta.get('seed')}, {meta.get('threads')} torch thread(s), "
              f"git `{str(meta.get('git_rev', ''))[:10]}`."), ""]
+    out += [(f"Scenes: shift D = {meta.get('scene_shift_m') or 0.0:g} m (every movable object moved by U(-D, D) in x "
+             f"and y; 0 = LIBERO's init states as shipped), scene seed S = {meta.get('scene_seed') or 0}."), ""]
     return out
 
 
@@ -89,7 +93,9 @@ def _md_evidence(report: dict[str, Any], methods: list[str], ev: dict[str, Any] 
         if not a["logged"]:
             out.append(f"- {m}: strict-step agreement with ar: not logged (no input digests)")
             continue
-        out.append(f"- {m}: strict-step agreement with ar: {a['agree']} / {a['checked']}; first observation "
+        how = (f" ({a['checked_by_digest']} by input digest, {a['checked_by_shadow']} by shadow)"
+               if "checked_by_shadow" in a else "")
+        out.append(f"- {m}: strict-step agreement with ar: {a['agree']} / {a['checked']}{how}; first observation "
                    f"equal to ar's in {a['same_start']} / {a['pairs']} pairs; contended steps "
                    f"{_f(report[m]['contended_share'], '.1%')}")
     share = ev["contended_share"]
@@ -121,23 +127,39 @@ def _md_paired(report: dict[str, Any], methods: list[str]) -> list[str]:
     return out
 
 
+SHADOW_ROWS = (("skip", "skip"), ("relaxed", "relaxed"), ("token_relaxed", "token-relaxed"))
+
+
 def _md_shadow(report: dict[str, Any], methods: list[str]) -> list[str]:
+    """Deviation from greedy ar per lossy class over its shadowed steps, all lossy steps, and all steps
+    with strict ones as 0 (the figure a strict share dilutes)."""
     rows = [(m, report[m]["shadow"]) for m in methods if report[m].get("shadow")]
     if not rows:
         return []
-    out = ["", ("Shadow of ar: each step's tokens against greedy ar's on the same observation (strict steps count "
-                "as equal; |delta bin| of a group = the sum over its tokens, the sequence-wise bound is 30):"), "",
-           "| method | mode | steps | equal to ar | position mean / p95 bins | rotation mean / p95 bins "
+    out = ["", ("Shadow of ar: each lossy step's tokens against greedy ar's on the same observation, per kind of "
+                "lossy step over its shadowed steps (skip: a demonstration's action unverified; relaxed: a retrieved "
+                "draft accepted by a relaxed rule; token-relaxed: a drafted step accepted token by token); the last "
+                "row counts strict steps as equal. |delta bin| of a group = the sum over its tokens; the sequence-wise "
+                "bound is 30, and skip steps are held to p95 <= 30 and gripper disagreement <= 0.5 %:"), "",
+           "| method | which steps | steps | equal to ar | position mean / p95 bins | rotation mean / p95 bins "
            "| gripper disagreement |", "|---|---|---|---|---|---|---|"]
     for m, sh in rows:
-        for mode, d in [("all", sh["all"]), *sh["by_mode"].items()]:
-            if not d.get("steps"):
+        if "by_class" not in sh:  # a report written before the per-class figures
+            continue
+        named = [(label, sh["by_class"].get(c)) for c, label in SHADOW_ROWS]
+        if len(sh["by_class"]) > 1:  # with one class the row would repeat it
+            named.append(("all lossy", sh["lossy"]))
+        if sh.get("strict_steps"):
+            named.append(("all steps (strict as 0)", sh["all_steps_strict_as_zero"]))
+        for label, d in named:
+            if not d or not d.get("steps"):
                 continue
-            out.append(f"| {m} | {mode} | {d['steps']} | {_f(d['share_equal_to_ar'], '.1%')} | "
+            out.append(f"| {m} | {label} | {d['steps']} | {_f(d['share_equal_to_ar'], '.1%')} | "
                        f"{_f(d['position_mean_bins'], '.1f')} / {_f(d['position_p95_bins'], '.0f')} | "
                        f"{_f(d['rotation_mean_bins'], '.1f')} / {_f(d['rotation_p95_bins'], '.0f')} | "
                        f"{_f(d['gripper_disagreement'], '.2%')} |")
-    return out
+    missing = [f"{m} {sh['unshadowed_lossy_steps']}" for m, sh in rows if sh.get("unshadowed_lossy_steps")]
+    return out + ([f"Lossy steps without a shadow (not counted above): {', '.join(missing)}."] if missing else [])
 
 
 def _md_stages(report: dict[str, Any], methods: list[str]) -> list[str]:
@@ -167,8 +189,8 @@ def _md_methods(report: dict[str, Any], methods: list[str], boot: dict[str, Any]
     out = [f"Speedup interval: 95 % bootstrap over {n} episodes, {boot.get('resamples')} resamples, seed "
            f"{boot.get('seed')}" + ("" if boot.get("paired", True) else " (unpaired)") + ".", ""] if n else []
     out += [("| method | success (95 % CI) | mean step ms | speedup vs ar (mean) | speedup 95 % CI | median ms "
-             "| median speedup | p95 ms | p99 ms | CPU speedup | LLM fwd/step | accept length | tokens/forward (verified) "
-             "| modes |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| median speedup | p95 ms | p99 ms | CPU speedup | time per task vs ar (95 % CI) | LLM fwd/step "
+             "| accept length | tokens/forward (verified) | modes |"), "|---" * 15 + "|"]
     for m in methods:
         r = report[m]
         modes = ", ".join(f"{k} {v:.0%}" for k, v in r["mode_mix"].items())
@@ -176,7 +198,7 @@ def _md_methods(report: dict[str, Any], methods: list[str], boot: dict[str, Any]
         out.append(f"| {label} | {_success(r)} | {_f(r['mean_step_ms'], '.1f')} | {_f(r['speedup_vs_ar'])}x | "
                    f"{interval_text(r.get('speedup_vs_ar_ci95'), n_episodes=n)} | {_f(r['median_step_ms'], '.1f')} | "
                    f"{_f(r['median_speedup_vs_ar'])}x | {_f(r['p95_step_ms'], '.1f')} | {_f(r['p99_step_ms'], '.1f')} | "
-                   f"{_f(r['speedup_vs_ar_cpu'])}x | {_f(r['forwards_per_step'])} | {_f(r['accept_length'])} | "
+                   f"{_f(r['speedup_vs_ar_cpu'])}x | {_time_per_task(r)} | {_f(r['forwards_per_step'])} | {_f(r['accept_length'])} | "
                    f"{_f(r['tokens_per_forward_verified'])} | {modes} |")
     subset = [m for m in methods if "ar_on_same_episodes" in report[m]]
     if subset:
@@ -186,6 +208,13 @@ def _md_methods(report: dict[str, Any], methods: list[str], boot: dict[str, Any]
             out.append(f"- {m}: ar on its {a['episodes']} episodes: success {_success(a)}, mean step "
                        f"{_f(a['mean_step_ms'], '.1f')} ms, p95 {_f(a['p95_step_ms'], '.1f')} ms")
     return out
+
+
+def _time_per_task(r: dict[str, Any]) -> str:
+    """The episode time ratio against ar with its interval ('n/a' in a report without it)."""
+    if r.get("episode_time_ratio") is None:
+        return "n/a"
+    return f"{_f(r['episode_time_ratio'])}x ({interval_text(r.get('episode_time_ratio_ci95'))})"
 
 
 def _md_tasks(report: dict[str, Any], methods: list[str]) -> list[str]:
@@ -276,13 +305,15 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
              + ("" if acc.get("success_comparison_meaningful", True) else
                 " -- vacuous: neither method solved an episode")),
             (f"- mean step >= 2.5x faster than ar: {yes[acc['speedup_at_least_2.5x']]} "
-             f"({_f(acc['heisd_speedup_vs_ar'])}x, 95 % CI {interval_text(ci)})"),
+             f"({_f(acc['heisd_speedup_vs_ar'])}x, 95 % CI {interval_text(ci)}); time per task (ar's episode decode "
+             f"time / heisd's, same pairs; reported, not a target): {_f(acc.get('heisd_episode_time_ratio'))}x, "
+             f"95 % CI {interval_text(acc.get('heisd_episode_time_ratio_ci95'))}"),
             (f"- mean thread CPU time >= 2.5x less than ar's: {yes[acc.get('cpu_speedup_at_least_2.5x', False)]} "
              f"({_f(acc.get('heisd_cpu_speedup_vs_ar'))}x)"),
             (f"- p95 step >= 1.5x faster than ar: {yes[acc['p95_speedup_at_least_1.5x']]} "
              f"({_f(acc['heisd_p95_speedup_vs_ar'])}x)"),
             (f"- accept length (the paper's) >= 4.5 tokens per cycle: {yes[acc['accept_length_at_least_4.5']]} "
-             f"({_f(acc['heisd_accept_length'])})")]
+             f"({_f(acc['heisd_accept_length'])})")] + _md_skip_bound(acc)
     if acc.get("drafter_speedup_vs_ar") is not None:
         out.append(f"- drafter mean step >= 1.15x faster than ar: {yes[acc['drafter_at_least_1.15x']]} "
                    f"({_f(acc['drafter_speedup_vs_ar'])}x)")
@@ -299,6 +330,23 @@ def _md_targets(acc: dict[str, Any]) -> list[str]:
                    f"(routed away by the source choice), {w['drafter_no_window']:.0%} before a full window; "
                    f"retrieval {w['retrieval']:.0%}, skip {w['skip']:.0%}")
     return out + _md_shortfall(acc.get("shortfall") or {})
+
+
+def _md_skip_bound(acc: dict[str, Any]) -> list[str]:
+    """heisd's skip steps against greedy ar (the shadow), with the relaxed steps' figures beside them."""
+    if "skip_position_p95_within_30_bins" not in acc:
+        return []
+    verdict = {True: "met", False: "missed", None: "not measured"}
+    n, within = acc["heisd_skip_steps_shadowed"], acc["skip_position_p95_within_30_bins"]
+    text = (f"- skip steps against greedy ar: position p95 |delta bin| <= 30: {verdict[within]}; gripper "
+            f"disagreement <= 0.5 %: {verdict[acc['skip_gripper_disagreement_within_0.5%']]} (")
+    text += (f"p95 {_f(acc['heisd_skip_position_p95_bins'], '.0f')} bins, gripper "
+             f"{_f(acc['heisd_skip_gripper_disagreement'], '.2%')} of {n} shadowed skip steps" if n else
+             "no skip step" if within else "no skip step shadowed: run with --shadow-ar")
+    if acc.get("heisd_relaxed_steps_shadowed"):
+        text += (f"; relaxed steps, reported: p95 {_f(acc['heisd_relaxed_position_p95_bins'], '.0f')} bins, gripper "
+                 f"{_f(acc['heisd_relaxed_gripper_disagreement'], '.2%')} of {acc['heisd_relaxed_steps_shadowed']}")
+    return [text + ")"]
 
 
 def _md_discordant(d: dict[str, Any]) -> str:

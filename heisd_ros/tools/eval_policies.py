@@ -4,11 +4,12 @@ drafter and database, plus what the report records about them (artifact digests,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from heisd_ros.pipeline.outputs import file_digest
 
 if TYPE_CHECKING:
     from heisd_ros.tools.eval_config import EvalLiberoConfig
@@ -41,22 +42,6 @@ class TimedStore:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
-
-
-def file_digest(name: str) -> str:
-    """Content digest of a model/drafter directory (its .json/.safetensors/.pt files) or a file."""
-    if not name:
-        return "none"
-    path = Path(name)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors", ".pt"))
-    else:
-        files = [path] if path.is_file() else []
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16] if files else "missing"
 
 
 def db_digest(db_path: str) -> str:
@@ -144,12 +129,11 @@ class Policies:
 
 
 def _base_config(cfg: EvalLiberoConfig):
-    """The DecoderConfig every method shares (`with_method` sets the method), before calibration."""
-    from heisd_ros.core.config import DecoderConfig, RetrievalConfig
+    """The DecoderConfig every method shares (`with_method` sets the method), before the operating point."""
+    from heisd_ros.core.config import DecoderConfig
 
-    return DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task,
-                         gripper_hold_steps=cfg.gripper_hold_steps,
-                         retrieval=RetrievalConfig(position_pool=cfg.position_pool))
+    # every setting of the operating point comes from the calibration file (`resolve_decoder_config`)
+    return DecoderConfig(method="heisd", dtype=cfg.dtype, unknown_task=cfg.unknown_task)
 
 
 def retrieval_probe(store, tasks: list[str], per_task: int = 40, top_k: int = 5) -> list[float]:

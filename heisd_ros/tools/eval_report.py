@@ -34,6 +34,7 @@ from heisd_ros.pipeline.figures import (
 from heisd_ros.pipeline.log_files import READ_ERRORS, open_log, read_log_text
 from heisd_ros.tools.eval_evidence import (
     contention,
+    episode_time_ratio,
     evidence,
     paired_success,
     shadow_deviation,
@@ -382,6 +383,7 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
     for m, r in report.items():
         figures, paired = _speedups(by_method[m], by_method.get("ar", []))
         r.update(figures)
+        r.update(episode_time_ratio(by_method[m], by_method.get("ar", [])))
         all_paired = all_paired and paired
         steps = [s for e in by_method[m] for s in e["steps"]]
         r.update(contention(steps))

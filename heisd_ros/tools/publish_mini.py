@@ -11,7 +11,7 @@ This writes what a fresh clone needs to run the mini policy, small enough to com
   the size; the node loads them into its configured dtype), with its train_log.json and, for a
   model with a state prior (`heisd train-prior`), the prior and its log;
 - `drafter/`: the drafter, bfloat16 likewise;
-- `calibration.json`: τ, min_S, O_dist (unchanged);
+- `calibration.json`: the operating point, every decoder setting it was measured with (unchanged);
 - `manifest.json`: where each part came from (paths, sha256 digests, the git revision).
 
 `--calibration-only` replaces the calibration of a published copy and nothing else (the operating
@@ -61,8 +61,15 @@ def _check_calibration(path: Path) -> None:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"calibration {path} unreadable: {err}") from err
-    if not isinstance(data, dict) or not {"fused_metric", "verify_skip"} <= set(data):
-        raise ConfigError(f"calibration {path} has no fused_metric / verify_skip sections")
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.pipeline.calibration import POINT_VERSION, apply_point, point_settings
+
+    # what ships is the whole point it was measured at: every setting, in a file the node applies
+    missing = sorted(set(point_settings(DecoderConfig())) - set(data)) if isinstance(data, dict) else ["all"]
+    if missing or data.get("version") != POINT_VERSION:
+        raise ConfigError(f"calibration {path} is not a complete operating point (version {POINT_VERSION}; "
+                          f"missing {missing}): write it with heisd calibrate or heisd choose-point")
+    apply_point(DecoderConfig(), data)  # refuses a value the decoder would refuse
 
 
 def publish(cfg: PublishConfig) -> dict:

@@ -103,6 +103,34 @@ def test_skipped_steps_cost_zero_forwards_and_respect_the_bound(vla, drafter, de
     assert any(s.skip_check == "max_consecutive_skips" for s in stats if not s.skipped)
 
 
+def test_skip_checks_measure_the_hit_against_the_last_verified_tokens(vla, drafter, demo_store, helpers):
+    """Every checked hit reports its distance to the last verified step's tokens (NaN before one);
+    with the check at its tightest a skip happens only where that distance is within it."""
+    loose = VerifySkipConfig(min_similarity=-1.0, min_similarity_bounds=(-1.0, 1.0), max_distance_m=0.2,
+                             max_consecutive_skips=2)
+    runs = {}
+    for bins in (0, 1):
+        dec = _heisd(vla, drafter, demo_store, verify_skip=dataclasses.replace(loose, max_bins_from_verified=bins))
+        obs = helpers.random_obs(3)
+        dec.reset(obs.instruction)
+        stats, verified = [], []
+        for i in range(9):
+            obs.ee_pos = np.array([0.0, 0.0, 0.001 * i]) + helpers.random_obs(3).ee_pos
+            verified.append(dec.last_verified_tokens)
+            stats.append(dec.step(obs)[1])
+        runs[bins] = (stats, verified)
+    stats, verified = runs[0]
+    measured = ("no_live_feature", "max_consecutive_skips")  # these vetoes come before any measure
+    checked = [(s, v) for s, v in zip(stats, verified) if s.skip_check and s.skip_check not in measured]
+    assert checked and all(math.isnan(s.skip_from_verified_bins) == (v is None) for s, v in checked)
+    assert any(s.skipped for s in stats)
+    tight = [s for s in runs[1][0] if s.skipped]
+    assert all(s.skip_from_verified_bins <= 1 for s in tight)
+    assert all(s.skip_check in ("", "skip", "far_from_verified", "max_consecutive_skips", "gripper_mismatch",
+                                "no_live_feature", "gripper_change_ahead", "hits_disagree")
+               for s in runs[1][0])
+
+
 def test_heisd_unknown_task_raises_or_falls_back(vla, drafter, demo_store, helpers):
     obs = helpers.random_obs(2, instruction="fly to the moon")
     with pytest.raises(UnknownTaskError, match="fly to the moon"):
@@ -275,7 +303,7 @@ def test_instruction_change_resets_the_window_and_the_skip_state(vla, drafter, d
     assert modes[0] == "drafter" and modes[1] in ("retrieval", "skip")  # retrieval is back with 3 positions
 
 
-FORWARD_COSTS = SourceChoiceConfig(cost_signal="forwards", min_retrieval_steps=3, probe_every_steps=5)
+FORWARD_COSTS = SourceChoiceConfig(min_retrieval_steps=3, probe_every_steps=5)
 
 
 def _scrambled_store(vla, ar, helpers):

@@ -17,12 +17,14 @@ from heisd_ros.core.types import Hit
 from heisd_ros.core.verify_skip import (
     REASON_DISABLED,
     REASON_DISTANCE,
+    REASON_FROM_VERIFIED,
     REASON_GRIPPER,
     REASON_GRIPPER_AHEAD,
     REASON_MAX_CONSECUTIVE,
     REASON_NO_LIVE_FEATURE,
     REASON_SIMILARITY,
     REASON_SKIP,
+    REASON_SPREAD,
     VerifySkipPolicy,
     calibrate_thresholds,
     cosine_similarity,
@@ -36,7 +38,7 @@ DIST = 2.0**-6
 GRIP = 255
 
 
-def make_hit(feat_prev=FEAT_PREV, ee_pos=(0.0, 0.0, DIST), gripper=GRIP, next_grippers=()) -> Hit:
+def make_hit(feat_prev=FEAT_PREV, ee_pos=(0.0, 0.0, DIST), gripper=GRIP, next_grippers=(), position=(10, 11, 12)) -> Hit:
     """A hit whose demonstration holds the gripper closed (+1) now and then takes `next_grippers`."""
     return Hit(
         score=0.9,
@@ -44,7 +46,7 @@ def make_hit(feat_prev=FEAT_PREV, ee_pos=(0.0, 0.0, DIST), gripper=GRIP, next_gr
         episode=0,
         step=3,
         action=np.array([0, 0, 0, 0, 0, 0, 1.0]),
-        action_tokens=(10, 11, 12, 13, 14, 15, gripper),
+        action_tokens=(*position, 13, 14, 15, gripper),
         next_actions=tuple((0, 0, 0, 0, 0, 0, g) for g in next_grippers),
         feat=np.asarray(feat_prev, dtype=float),
         feat_prev=np.asarray(feat_prev, dtype=float),
@@ -137,6 +139,32 @@ def test_gripper_lookahead_refuses_a_skip_where_the_demonstration_switches_the_g
 def test_gripper_lookahead_beyond_the_stored_actions_is_refused(bad):
     with pytest.raises(Exception, match="gripper_lookahead_steps"):
         edge_cfg(gripper_lookahead_steps=bad)
+
+
+def test_hit_spread_gate_needs_the_other_hits_to_agree():
+    """The median position |delta bin| to the other hits decides, at its edge; no other hit, no skip."""
+    hit = make_hit()
+    near, far = make_hit(position=(12, 11, 13)), make_hit(position=(40, 11, 12))  # 3 and 30 bins away
+    args = (F_LIVE, hit, np.zeros(3), GRIP)
+    policy = VerifySkipPolicy(edge_cfg(max_hit_spread_bins=3))
+    d = policy.decide(*args, hits=(hit, near, near, far))
+    assert (d.skip, d.spread_bins) == (True, 3.0)
+    d = policy.decide(*args, hits=(hit, near, far, far))
+    assert (d.skip, d.reason, d.spread_bins) == (False, REASON_SPREAD, 30.0)
+    assert policy.decide(*args, hits=(hit,)).reason == REASON_SPREAD
+    off = VerifySkipPolicy(edge_cfg()).decide(*args, hits=(hit, far))
+    assert off.skip and off.spread_bins == 30.0  # measured, not gated, when the check is off
+
+
+def test_from_verified_gate_compares_with_the_last_verified_tokens():
+    hit = make_hit()
+    policy = VerifySkipPolicy(edge_cfg(max_bins_from_verified=5))
+    args = (F_LIVE, hit, np.zeros(3), GRIP)
+    d = policy.decide(*args, last_verified_tokens=(12, 14, 12, 0, 0, 0, GRIP))  # 2 + 3 + 0 bins
+    assert (d.skip, d.from_verified_bins) == (True, 5.0)
+    d = policy.decide(*args, last_verified_tokens=(16, 11, 12, 0, 0, 0, GRIP))
+    assert (d.skip, d.reason) == (False, REASON_FROM_VERIFIED)
+    assert policy.decide(*args).reason == REASON_FROM_VERIFIED  # none verified yet: no evidence
 
 
 @pytest.mark.parametrize("last", [GRIP - 1, None])

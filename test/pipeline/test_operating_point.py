@@ -1,0 +1,102 @@
+"""The operating-point file: every decoder setting of a point, applied whole, and the shipped one is
+the one a committed report measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from heisd_ros.core.config import (
+    DecoderConfig,
+    RetrievalConfig,
+    SourceChoiceConfig,
+    VerifySkipConfig,
+    from_dict,
+    to_dict,
+)
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.calibration import (
+    NOT_IN_POINT,
+    POINT_SCALARS,
+    POINT_SECTIONS,
+    POINT_VERSION,
+    apply_point,
+    complete_point,
+    point_settings,
+)
+from heisd_ros.pipeline.outputs import file_digest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_POINT = ROOT / "models" / "mini_libero" / "calibration.json"
+SHIPPED_MODEL = ROOT / "models" / "mini_libero" / "vla"
+
+
+def _unusual() -> DecoderConfig:
+    """A configuration whose point settings all differ from the defaults somewhere."""
+    d = DecoderConfig()
+    return dataclasses.replace(
+        d, gripper_hold_steps=2,
+        retrieval=RetrievalConfig(top_k=4, max_tree_nodes=20, query_views=1, position_pool=16),
+        verify_skip=dataclasses.replace(d.verify_skip, min_similarity=0.97, max_bins_from_verified=12,
+                                        max_hit_spread_bins=9, gripper_lookahead_steps=2, state_path="/tmp/x.json"),
+        source_choice=SourceChoiceConfig(smoothing=0.3, retrieval_overhead_forwards=0.5),
+        fused_metric=dataclasses.replace(d.fused_metric, tau=0.3, d_p95_m=0.25),
+        acceptance=dataclasses.replace(d.acceptance, max_group_bias_bins=24),
+        drafter_tree=dataclasses.replace(d.drafter_tree, depth=4))
+
+
+def test_a_point_file_carries_every_setting_and_applies_whole():
+    cfg = _unusual()
+    point = json.loads(json.dumps(complete_point({}, cfg)))  # through JSON, as the file is
+    assert point["version"] == POINT_VERSION
+    applied = apply_point(DecoderConfig(), point)
+    for name in POINT_SECTIONS:
+        expected = to_dict(getattr(cfg, name))
+        for field in NOT_IN_POINT.get(name, ()):
+            expected[field] = to_dict(getattr(DecoderConfig(), name))[field]  # a deployment's, not the point's
+        assert to_dict(getattr(applied, name)) == expected, name
+    assert all(getattr(applied, s) == getattr(cfg, s) for s in POINT_SCALARS)
+    assert "state_path" not in point["verify_skip"]
+
+
+def test_every_field_of_a_point_section_is_in_the_file():
+    """A field added to a section reaches the file unless it is declared a deployment's."""
+    point = point_settings(DecoderConfig())
+    for name, cls in POINT_SECTIONS.items():
+        fields = {f.name for f in dataclasses.fields(cls)} - set(NOT_IN_POINT.get(name, ()))
+        assert set(point[name]) == fields, name
+
+
+def test_a_partial_file_changes_only_what_it_gives():
+    cfg = apply_point(DecoderConfig(), {"retrieval": {"position_pool": 20}, "gripper_hold_steps": 1})
+    assert cfg.retrieval == RetrievalConfig(position_pool=20)
+    assert cfg.gripper_hold_steps == 1 and cfg.verify_skip == VerifySkipConfig()
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"version": 3}, "version"),
+    ({"retreival": {"top_k": 3}}, "unknown operating-point keys"),
+    ({"retrieval": {"top_kk": 3}}, "unknown keys"),
+    ({"retrieval": {"top_k": 0}}, "top_k"),
+    ({"source_choice": {"cost_signal": "latency_ms"}}, "unknown keys"),
+    ({"retrieval": 5}, "must be an object"),
+])
+def test_a_bad_point_is_refused_with_the_reason(bad, why):
+    with pytest.raises(ConfigError, match=why):
+        apply_point(DecoderConfig(), bad)
+
+
+def test_an_explicit_skip_off_wins_over_the_file():
+    off = DecoderConfig(verify_skip=VerifySkipConfig(enabled=False))
+    assert not apply_point(off, {"verify_skip": {"enabled": True, "min_similarity": 0.97}}).verify_skip.enabled
+
+
+def test_the_shipped_point_is_complete():
+    point = json.loads(SHIPPED_POINT.read_text())
+    assert point["version"] == POINT_VERSION
+    assert point_settings(apply_point(DecoderConfig(), point)) == {k: point[k] for k in point_settings(DecoderConfig())}
+    assert point["chosen_from"]["kind"] in ("libero_run", "shadow_recordings", "demonstrations")
