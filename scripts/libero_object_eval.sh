@@ -94,6 +94,7 @@ fi
 if stage fit; then
     # F normalised on that closed loop; tau candidates at quantiles of its F (docs/design.md §5).
     $H calibrate --model $E/vla --db $E/db --demos $E/demos --tasks 0-9 --threads 2 --no-progress \
+        --base-point models/mini_libero/calibration.json \
         --closed-loop $E/loop.jsonl --out $E/calibration_fitted.json --plots $E/calibration_plots
 fi
 

@@ -10,7 +10,7 @@ Every decoder setting a figure is measured with is in it (`POINT_SECTIONS`, `POI
 node, replay, demo and evaluation that read it run the same point. `heisd calibrate` and
 `heisd choose-point` write complete files; a hand-written file may hold fewer sections or fields
 (what it gives is applied, the rest keeps the configuration's value). It is applied on top of a
-DecoderConfig; a missing or corrupt file leaves the configured defaults (with a warning).
+DecoderConfig; a named file that is missing or corrupt is an error (CalibrationError).
 """
 
 from __future__ import annotations
@@ -353,15 +353,15 @@ def apply_point(cfg: DecoderConfig, data: dict) -> DecoderConfig:
 
 
 def apply_calibration(cfg: DecoderConfig, path: str | Path | None) -> DecoderConfig:
-    """cfg with the operating-point file's settings (`apply_point`); missing/corrupt file -> cfg
-    unchanged + warning."""
+    """cfg with the operating-point file's settings (`apply_point`); '' = none. A file that is
+    named but missing, unreadable or refused raises CalibrationError with the path and the reason:
+    running the defaults instead would run a point nobody measured."""
     if not path:
         return cfg
     try:
         return apply_point(cfg, json.loads(Path(path).read_text()))
     except (OSError, json.JSONDecodeError, TypeError, ConfigError, AttributeError) as err:
-        log.warning("calibration %s unusable (%s); using configured defaults", path, err)
-        return cfg
+        raise CalibrationError(f"operating-point file {path} unusable: {err}") from err
 
 
 __all__ = ["calibrate", "apply_point", "complete_point", "point_settings", "POINT_VERSION", "StepCosts", "cheapest_threshold", "expected_step_ms", "apply_calibration", "save_calibration", "passes_sequence_rule", "CalibrationError"]

@@ -100,6 +100,10 @@ class CalibrateConfig:
     closed_loop: str = ""
     """eval-libero log whose `closed_loop_method` episodes normalise F (instead of the demos)."""
     closed_loop_method: str = "ar"
+    base_point: str = ""
+    """Operating-point file the fit starts from: every setting the fit does not produce (retrieval
+    pool and views, source choice, gripper hold, acceptance bounds, skip checks) is kept from it.
+    '' = the decoder's defaults, retrieval pooling the views the database was built with."""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -264,10 +268,11 @@ def run(cfg: CalibrateConfig) -> dict:
             calib["meta"]["plots"] = write_plots(calib, cfg.plots)
         except ImportError:
             log.warning("matplotlib is not installed: no plots (pip install matplotlib)")
-    # the whole operating point: the fitted values on the defaults, retrieval pooling the views the
-    # database was built with
+    # the whole operating point: the fitted values on the base point (or on the defaults, retrieval
+    # pooling the views the database was built with)
     manifest = read_manifest(cfg.db) or {}
-    base = DecoderConfig(retrieval=RetrievalConfig(query_views=int(manifest.get("query_views", 0))))
+    base = (apply_calibration(DecoderConfig(), cfg.base_point) if cfg.base_point else
+            DecoderConfig(retrieval=RetrievalConfig(query_views=int(manifest.get("query_views", 0)))))
     calib = complete_point(calib, base, chosen_from={"kind": "demonstrations", "db_path": cfg.db,
                                                      "db_manifest_digest": file_digest(str(manifest_path(cfg.db)))})
     save_calibration(calib, cfg.out)
@@ -326,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write this N_max (verify-skips in a row) into the calibration file")
     p.add_argument("--closed-loop", default="", help="eval-libero log (.jsonl/.jsonl.gz) whose episodes normalise F")
     p.add_argument("--closed-loop-method", default=d.closed_loop_method, help="the method of those episodes")
+    p.add_argument("--base-point", default="", help="operating-point file whose other settings the new point keeps "
+                                                    "(default: the decoder's defaults)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     add_source_arguments(p)  # the sources build-db read, for the live features
     return p

@@ -15,9 +15,9 @@ from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
 PURPOSE_INIT_STATES = {"evaluation": tuple(EVAL_INIT_STATES), "calibration": tuple(range(20, 40))}
 """Which LIBERO init states each kind of run may use."""
 MAX_SCENE_SHIFT_M = 0.02
-"""Above it, shifted objects may overlap, and MuJoCo throws them apart (none of 900 LIBERO-Object
-scenes at 0.02 m, 0.7 % at 0.03 m, 6.6 % at 0.05 m)."""
-"""The largest sealed-scene shift per axis, metres: a few centimetres vary a scene, not its layout."""
+"""The largest sealed-scene shift per axis, metres: a few centimetres vary a scene, not its layout;
+above it shifted objects may overlap and MuJoCo throws them apart (none of 900 LIBERO-Object scenes
+at 0.02 m, 0.7 % at 0.03 m, 6.6 % at 0.05 m)."""
 
 
 @dataclass(frozen=True)

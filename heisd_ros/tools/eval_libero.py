@@ -159,7 +159,10 @@ def report_from_log(cfg: EvalLiberoConfig, log_path: str, command: str = "") -> 
     cfg = dataclasses.replace(cfg, suite=key["suite"], max_steps=key["max_steps"], seed=key["seed"],
                               camera_size_px=key["camera_size_px"], dtype=key["dtype"],
                               # a log written before sealed scenes ran LIBERO's init states unshifted
-                              scene_shift_m=key.get("scene_shift_m", 0.0), scene_seed=key.get("scene_seed", 0))
+                              scene_shift_m=key.get("scene_shift_m", 0.0), scene_seed=key.get("scene_seed", 0),
+                              # what the run shadowed (a log written before strict shadows had none)
+                              shadow_ar=key.get("shadow_ar", cfg.shadow_ar),
+                              shadow_strict_every=key.get("shadow_strict_every", 0))
     found = {(e["task"], e["init_state"], e["method"]) for e in log.episodes}
     missing = [triple for triple in cfg.triples() if triple not in found]
     if missing:

@@ -104,31 +104,33 @@ def test_skipped_steps_cost_zero_forwards_and_respect_the_bound(vla, drafter, de
 
 
 def test_skip_checks_measure_the_hit_against_the_last_verified_tokens(vla, drafter, demo_store, helpers):
-    """Every checked hit reports its distance to the last verified step's tokens (NaN before one);
-    with the check at its tightest a skip happens only where that distance is within it."""
+    """Every checked hit reports its distance to the tokens the last verified step executed (NaN
+    before one), and the check reads exactly those: with them moved 50 bins away, every skip the
+    unchanged run takes is refused as far from the verified motion."""
     loose = VerifySkipConfig(min_similarity=-1.0, min_similarity_bounds=(-1.0, 1.0), max_distance_m=0.2,
-                             max_consecutive_skips=2)
+                             max_consecutive_skips=2, max_bins_from_verified=12)
     runs = {}
-    for bins in (0, 1):
-        dec = _heisd(vla, drafter, demo_store, verify_skip=dataclasses.replace(loose, max_bins_from_verified=bins))
+    for moved in (False, True):
+        dec = _heisd(vla, drafter, demo_store, verify_skip=loose)
         obs = helpers.random_obs(3)
         dec.reset(obs.instruction)
         stats, verified = [], []
         for i in range(9):
             obs.ee_pos = np.array([0.0, 0.0, 0.001 * i]) + helpers.random_obs(3).ee_pos
+            if moved and dec.last_verified_tokens is not None:
+                t = dec.last_verified_tokens
+                dec.last_verified_tokens = (t[0] + 50, *t[1:])
             verified.append(dec.last_verified_tokens)
             stats.append(dec.step(obs)[1])
-        runs[bins] = (stats, verified)
-    stats, verified = runs[0]
-    measured = ("no_live_feature", "max_consecutive_skips")  # these vetoes come before any measure
-    checked = [(s, v) for s, v in zip(stats, verified) if s.skip_check and s.skip_check not in measured]
+        runs[moved] = (stats, verified)
+    stats, verified = runs[False]
+    before_any_measure = ("no_live_feature", "max_consecutive_skips")
+    checked = [(s, v) for s, v in zip(stats, verified) if s.skip_check and s.skip_check not in before_any_measure]
     assert checked and all(math.isnan(s.skip_from_verified_bins) == (v is None) for s, v in checked)
     assert any(s.skipped for s in stats)
-    tight = [s for s in runs[1][0] if s.skipped]
-    assert all(s.skip_from_verified_bins <= 1 for s in tight)
-    assert all(s.skip_check in ("", "skip", "far_from_verified", "max_consecutive_skips", "gripper_mismatch",
-                                "no_live_feature", "gripper_change_ahead", "hits_disagree")
-               for s in runs[1][0])
+    moved = runs[True][0]
+    assert not any(s.skipped for s in moved)
+    assert any(s.skip_check == "far_from_verified" and s.skip_from_verified_bins >= 50 - 12 for s in moved)
 
 
 def test_heisd_unknown_task_raises_or_falls_back(vla, drafter, demo_store, helpers):

@@ -19,8 +19,9 @@ from node_rig import NodeRig
 from rclpy.parameter import Parameter
 from std_msgs.msg import String
 
-from heisd_ros.core.config import FusedMetricConfig, StoreConfig
+from heisd_ros.core.config import StoreConfig
 from heisd_ros.core.errors import (
+    CalibrationError,
     DatabaseError,
     DatabaseUnavailableError,
     ModelLoadError,
@@ -174,20 +175,23 @@ def listener(ctx):
     lst.close()
 
 
-@pytest.mark.parametrize("calibration", ["missing", "corrupt"])
-def test_bad_calibration_gives_documented_defaults_and_a_warning_in_the_node_log(ctx, files, tmp_path, listener,
-                                                                                  calibration):  # fmt: skip
+@pytest.mark.parametrize("calibration", ["missing", "corrupt", "refused"])
+def test_bad_operating_point_fails_start_up_naming_the_file(ctx, files, tmp_path, calibration):
+    """A named operating-point file the node cannot apply stops it with the path and the reason:
+    the defaults would be a point nobody measured."""
     path = tmp_path / "calibration.json"
     if calibration == "corrupt":
         path.write_text('{"fused_metric": {"tau": "high"')
-    node = _start(ctx, f"calib_{calibration}", **_params(files, calibration_path=str(path)))
+    if calibration == "refused":
+        path.write_text('{"version": 2, "retrieval": {"query_views": 9}}')
+    node = None
     try:
-        assert node._session.decoder.cfg.fused_metric == FusedMetricConfig()  # the documented defaults
-        assert listener.wait(lambda: any("calibration" in l.msg and "using configured defaults" in l.msg and
-                                         l.name == node.get_name() and l.level == 30 for l in listener.logs), 5.0), \
-            [l.msg for l in listener.logs]  # fmt: skip
+        with pytest.raises(CalibrationError, match="calibration.json unusable") as info:
+            node = _start(ctx, f"calib_{calibration}", **_params(files, calibration_path=str(path)))
+        assert str(path) in str(info.value)
     finally:
-        node.destroy_node()
+        if node is not None:
+            node.destroy_node()
 
 
 def test_database_outage_mid_run_keeps_commanding_in_drafter_mode_and_recovers(ctx, files, listener, qdrant_server):
