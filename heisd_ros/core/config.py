@@ -203,10 +203,13 @@ class SourceChoiceConfig:
     """Adaptive draft source above the kinematic boundary (heisd only; docs/design.md §5).
 
     Per episode, exponential averages of what retrieval-mode steps (verified or skipped) and
-    drafter-mode steps cost, in LLM forwards; a step with F >= tau retrieves only while retrieval's
-    average is no higher than the drafter's, with a retrieval probe every `probe_every_steps` steps
-    routed away. Costs are counted, never timed: the same inputs route the same way on any machine
-    under any load."""
+    drafter-mode steps cost, counted in verification forwards; a step with F >= tau retrieves only
+    while retrieval's average is no higher than the drafter's, with a retrieval probe every
+    `probe_every_steps` steps routed away. Costs are counted, never timed: the same inputs route the
+    same way on any machine under any load. A step's cost is its LLM forwards, plus
+    `prefill_extra_forwards` for its first, plus the overhead of its mode; a skip costs
+    `skip_cost_forwards`. The defaults are the mini VLA's measured stage times on a CPU expressed in
+    its verification forwards (docs/design.md §5)."""
 
     enabled: bool = True
     """Learn the source online; False: every step with F >= tau retrieves (the kinematic boundary alone)."""
@@ -218,16 +221,28 @@ class SourceChoiceConfig:
     probe_every_steps: int = 10
     """While retrieval costs more, every this-many-th step routed to the drafter retrieves instead,
     so a database that starts matching is noticed."""
-    retrieval_overhead_forwards: float = 1.0
-    """What the retrieval query, the views only it reads and the tree's wider prefill add to a
-    retrieval-mode step, in LLM forwards (a step's cost is its LLM forwards plus this for a
-    retrieval-mode step, skipped or verified)."""
+    prefill_extra_forwards: float = 0.5
+    """What a step's first forward (the prompt's prefill) costs beyond a later verification forward,
+    in those forwards."""
+    drafter_overhead_forwards: float = 0.7
+    """What drafting (the drafter head's calls and tree building) adds to a drafter-mode step, in
+    verification forwards."""
+    retrieval_overhead_forwards: float = 0.9
+    """What the retrieval query, the views only it reads and the sequence tree fused into the
+    prefill add to a verified retrieval-mode step, in verification forwards."""
+    skip_cost_forwards: float = 0.3
+    """What a skipped step costs (the query and the views only it reads; no LLM forward), in
+    verification forwards."""
 
     def __post_init__(self) -> None:
         require(0.0 < self.smoothing <= 1.0, "smoothing must be in (0, 1]")
         require(1 <= self.min_retrieval_steps <= 1000, "min_retrieval_steps must be in [1, 1000]")
         require(1 <= self.probe_every_steps <= 1000, "probe_every_steps must be in [1, 1000]")
-        require(0.0 <= self.retrieval_overhead_forwards <= 7.0, "retrieval_overhead_forwards must be in [0, 7]")
+        costs = (self.prefill_extra_forwards, self.drafter_overhead_forwards, self.retrieval_overhead_forwards,
+                 self.skip_cost_forwards)
+        require(all(math.isfinite(c) and 0.0 <= c <= 7.0 for c in costs),
+                "prefill_extra_forwards, drafter_overhead_forwards, retrieval_overhead_forwards and "
+                "skip_cost_forwards must be in [0, 7]")
 
 
 @dataclass(frozen=True)

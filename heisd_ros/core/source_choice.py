@@ -120,10 +120,14 @@ class SourceChoice:
             self.acceptance[source].add(st.accept_length)
 
     def step_cost(self, st: StepStats) -> float:
-        """The cost of a finished step in LLM forwards: its own, plus the retrieval overhead for a
-        retrieval-mode step (a skip costs the overhead alone)."""
-        overhead = self.cfg.retrieval_overhead_forwards if st.mode in RETRIEVAL_MODES else 0.0
-        return st.llm_forwards + overhead
+        """The cost of a finished step, counted in verification forwards (`SourceChoiceConfig`)."""
+        c = self.cfg
+        if st.skipped:
+            return c.skip_cost_forwards
+        cost = st.llm_forwards + (c.prefill_extra_forwards if st.llm_forwards else 0.0)
+        if st.mode == "retrieval":
+            return cost + c.retrieval_overhead_forwards
+        return cost + c.drafter_overhead_forwards
 
     def estimates(self) -> dict[str, float | None]:
         """The current averages: {retrieval,drafter}_cost and {retrieval,drafter}_accept_length."""

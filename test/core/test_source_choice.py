@@ -13,7 +13,8 @@ from heisd_ros.core.types import StepStats
 
 TAU = 0.5
 FORWARDS = SourceChoiceConfig(smoothing=0.5, min_retrieval_steps=2, probe_every_steps=4,
-                              retrieval_overhead_forwards=0.5)
+                              retrieval_overhead_forwards=0.5, skip_cost_forwards=0.5,
+                              prefill_extra_forwards=0.0, drafter_overhead_forwards=0.0)
 
 
 def step(mode: str, forwards: int, ms: float = 10.0, tokens_per_forward=None, fallback: str = "") -> StepStats:
@@ -120,12 +121,23 @@ def test_costs_are_counted_in_forwards_never_timed():
         runs.append((choice.estimates(), choice.decide(0.9, TAU)))
     assert runs[0] == runs[1]
     assert runs[0][1].reason == sc.REASON_COSTLIER
-    assert runs[0][0]["retrieval_cost"] == 3.0  # 2 forwards + the default overhead of 1
+    assert runs[0][0]["retrieval_cost"] == pytest.approx(3.4)  # 2 forwards + prefill 0.5 + overhead 0.9
+
+
+def test_a_step_costs_its_forwards_its_prefill_and_its_mode():
+    """The mini VLA's measured ranking, counted: a verified retrieval step of 1.24 forwards is cheaper
+    than a drafter step of 2.1 (the drafter's calls), a skip cheapest; a retrieval step whose drafts
+    fail and needs 2.5 forwards is dearer than the drafter."""
+    choice = SourceChoice()
+    cost = {m: choice.step_cost(step(m, f)) for m, f in (("drafter", 2), ("retrieval", 1), ("skip", 0))}
+    assert cost == pytest.approx({"drafter": 3.2, "retrieval": 2.4, "skip": 0.3})
+    assert choice.step_cost(step("retrieval", 3)) > cost["drafter"]
 
 
 @pytest.mark.parametrize("field, value", [("smoothing", 0.0), ("smoothing", 1.5),
                                           ("min_retrieval_steps", 0), ("probe_every_steps", 0),
-                                          ("retrieval_overhead_forwards", -1.0)])
+                                          ("retrieval_overhead_forwards", -1.0),
+                                          ("skip_cost_forwards", math.nan), ("drafter_overhead_forwards", 8.0)])
 def test_bad_config_is_refused(field, value):
     with pytest.raises(ConfigError):
         SourceChoiceConfig(**{field: value})
