@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("heisd_ros.tools.calibrate", "calibrate the fused metric and verify-skip thresholds"),
     "eval-libero": ("heisd_ros.tools.eval_libero", "closed-loop LIBERO evaluation of every method"),
     "choose-point": ("heisd_ros.tools.choose_point", "pick the operating point from a calibration run"),
+    "skip-checks": ("heisd_ros.tools.skip_checks", "choose verify-skip's agreement checks from a shadowed run"),
     "check-model": ("heisd_ros.tools.check_model", "check a checkpoint's behaviour and time ar against drafter/heisd"),
     "publish-mini": ("heisd_ros.tools.publish_mini", "write the committed compact copy of the mini policy"),
 }
