@@ -8,6 +8,7 @@
 # Every stage is resumable: rerun the script after an interruption and it continues where it stopped.
 #   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
 #   STAGE=refine: candidates around the committed point, chosen and published by the same rule
+#   STAGE=checks: verify-skip's agreement checks from a shadowed calibration run; STAGE=check: the check run
 # A run longer than a working session whose machine keeps nothing but commits: STAGE=checkpoint
 # writes the shard logs so far under $CKPT (commit them), STAGE=restore puts them back on a fresh
 # machine (after STAGE=db) for STAGE=eval to resume; STAGE=report deletes them (commit that too).
@@ -141,6 +142,29 @@ if only refine; then
     $H publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
     echo "commit models/mini_libero (and $E/refine.{json,md} as benchmarks/libero_object_refine.*)," \
          "then run STAGE=eval from a worktree at that commit"
+fi
+
+# Verify-skip's agreement checks (docs/design.md §6): ar and heisd at the shipped point with both
+# checks off, on calibration init states 20-22 in the development scene set (shift 0.02 m, seed 7;
+# docs/eval_libero.md, "Sealed scenes"), every lossy step shadowed; `heisd skip-checks` picks the
+# checks from heisd's skip steps by its fixed rule, and the result is published (commit
+# models/mini_libero). Not part of "all".
+if only checks; then
+    shards $E/explore 20-22 models/mini_libero/calibration.json ar,heisd "" --purpose calibration \
+        --scene-shift-m 0.02 --scene-seed 7 --shadow-strict-every 0
+    $H skip-checks --log $E/explore.jsonl --point models/mini_libero/calibration.json --out $E/calibration.json
+    $H publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
+fi
+
+# The check run of the shipped point in its scene set (shift 0.02 m, seed 4912, written down before
+# it ran): ar, drafter and heisd on 10 tasks x init states 40-41, every strict step shadowed; the
+# report is benchmarks/libero_object_check.*. Not part of "all".
+if only check; then
+    shards $E/check 40-41 models/mini_libero/calibration.json ar,drafter,heisd "" \
+        --scene-shift-m 0.02 --scene-seed 4912 --shadow-strict-every 1
+    xz -9 -T1 -c $E/check.jsonl > benchmarks/libero_object_check.jsonl.xz
+    $H eval-libero --report-from benchmarks/libero_object_check.jsonl.xz --tasks 0-9 --init-states 40-41 \
+        --methods ar,drafter,heisd --out benchmarks/libero_object_check.json --plots ''
 fi
 
 if stage choose; then

@@ -100,3 +100,36 @@ def test_the_shipped_point_is_complete():
     assert point["version"] == POINT_VERSION
     assert point_settings(apply_point(DecoderConfig(), point)) == {k: point[k] for k in point_settings(DecoderConfig())}
     assert point["chosen_from"]["kind"] in ("libero_run", "shadow_recordings", "demonstrations")
+def _node_decoder_config() -> DecoderConfig:
+    """The decoder configuration the node runs with config/policy.yaml and the shipped files (the
+    database adds nothing: the point names its query views)."""
+    from heisd_ros.policy import PolicyPaths, resolve_decoder_config
+    from heisd_ros.ros.params import build_config
+
+    params = yaml.safe_load((ROOT / "config" / "policy.yaml").read_text())["/**"]["ros__parameters"]
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+        return out
+
+    values = {**flat(params), "model_dir": str(SHIPPED_MODEL), "calibration_path": str(SHIPPED_POINT)}
+    decoder = build_config(values).decoder
+    paths = PolicyPaths(model_dir=str(SHIPPED_MODEL), calibration_path=str(SHIPPED_POINT))
+    return resolve_decoder_config(decoder, paths)
+
+
+def test_the_node_runs_the_point_a_committed_report_measured():
+    """What ships is what was measured: a committed LIBERO report ran with the shipped point file
+    (same digest), and the node's effective decoder configuration equals that report's."""
+    digest = file_digest(str(SHIPPED_POINT))
+    reports = []
+    for path in sorted((ROOT / "benchmarks").glob("libero_*.json")):
+        model = json.loads(path.read_text()).get("_meta", {}).get("model", {})
+        if model.get("calibration_digest") == digest:
+            reports.append((path.name, model["decoder_config"]))
+    assert reports, f"no committed report ran the shipped point {SHIPPED_POINT.name} (digest {digest})"
+    node = to_dict(_node_decoder_config().with_method("heisd"))
+    for name, measured in reports:
+        assert to_dict(from_dict(DecoderConfig, measured)) == node, name
