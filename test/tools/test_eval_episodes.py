@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fake_decoder import FakeDecoder
 
 from heisd_ros.core.types import StepStats
 from heisd_ros.tools.eval_episodes import MethodEpisode, run_pair, shadows_step
 
-TOKENS = (1200, 1201, 1202, 1203, 1204, 1205, 1282)
 SHADOW_TOKENS = (1200, 1201, 1202, 1203, 1204, 1205, 1281)
 
 
@@ -24,7 +24,7 @@ class ScriptedEnv:
     task = SimpleNamespace(name="soup")
 
     def _obs(self):
-        return SimpleNamespace(images={"agentview": np.zeros((4, 4, 3), np.uint8)}, ee_pos=np.zeros(3),
+        return SimpleNamespace(images={v: np.zeros((4, 4, 3), np.uint8) for v in ("agentview", "wrist")}, ee_pos=np.zeros(3),
                                gripper_qpos=np.array([0.02, -0.02]))
 
     def reset(self, init_state: int, **scene):
@@ -34,25 +34,10 @@ class ScriptedEnv:
         return self._obs(), False
 
 
-class ScriptedDecoder:
-    """Returns steps whose `strict` follows `script` (cycled)."""
-
-    def __init__(self, script: list[bool]) -> None:
-        self.script, self.i = script, 0
-        self.skip = SimpleNamespace(min_similarity=0.98, max_distance_m=0.02)
-
-    def restore_operating_point(self) -> None:
-        pass
-
-    def reset(self, instruction: str) -> None:
-        pass
-
-    def step(self, obs):
-        strict = self.script[self.i % len(self.script)]
-        self.i += 1
-        st = StepStats(mode="drafter" if strict else "skip", skipped=not strict, tokens=TOKENS, strict=strict,
-                       latency_ms={"total": 1.0})
-        return np.zeros(7), st
+def scripted(script: list[bool]) -> FakeDecoder:
+    """The fake decoder whose steps are strict (drafter) or lossy (skip) as `script` says, cycled."""
+    modes = [("drafter" if strict else "skip") for strict in script]
+    return FakeDecoder(modes=modes[-1:] + modes[:-1])  # its step n takes modes[n % len]
 
 
 class BusyShadow:
@@ -72,7 +57,7 @@ class BusyShadow:
 
 def _shadowed(every: int, script: list[bool], steps: int, cpu_ms: float = 0.0) -> tuple[list[dict], BusyShadow]:
     shadow = BusyShadow(cpu_ms)
-    episode = MethodEpisode("heisd", ScriptedEnv(), ScriptedDecoder(script), None, 40, shadow=shadow,
+    episode = MethodEpisode("heisd", ScriptedEnv(), scripted(script), None, 40, shadow=shadow,
                             shadow_strict_every=every)
     for t in range(steps):
         episode.act(t)
@@ -102,7 +87,7 @@ def test_the_shadow_runs_outside_the_timed_call() -> None:
 
 def test_run_pair_never_shadows_ars_own_strict_steps() -> None:
     log = []
-    pol = SimpleNamespace(decoders={"ar": ScriptedDecoder([True]), "drafter": ScriptedDecoder([True])},
+    pol = SimpleNamespace(decoders={"ar": scripted([True]), "drafter": scripted([True])},
                           timed={"ar": None, "drafter": None}, online=frozenset(), shadow=BusyShadow())
     bar = SimpleNamespace(update=lambda n: None, set_postfix_str=lambda text: None)
     log_sink = SimpleNamespace(append=log.append)

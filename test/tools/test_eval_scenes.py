@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fake_decoder import FakeDecoder
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.sim.libero_env import scene_shift_seed, xy_shifts_m
@@ -53,20 +54,9 @@ class _Env:
         self.resets.append((init_state, perturb_xy_m, seed))
 
 
-class _Decoder:
-    def __init__(self) -> None:
-        self.skip = SimpleNamespace(min_similarity=0.95, max_distance_m=0.02)
-
-    def restore_operating_point(self) -> None:
-        pass
-
-    def reset(self, instruction: str) -> None:
-        pass
-
-
 def _pair(methods: list[str], envs: list[_Env], task: int, init_state: int, shift_m: float, seed: int) -> None:
     """Reset every method's env for one pair (no control step: max_steps 0)."""
-    pol = SimpleNamespace(decoders={m: _Decoder() for m in methods}, timed={m: None for m in methods},
+    pol = SimpleNamespace(decoders={m: FakeDecoder() for m in methods}, timed={m: None for m in methods},
                           online=frozenset(), shadow=None)
     run_pair(0, task, init_state, methods, envs, pol, SimpleNamespace(append=lambda rec: None),
              SimpleNamespace(update=lambda n: None), shift_m, seed)

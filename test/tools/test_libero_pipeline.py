@@ -334,7 +334,8 @@ def test_build_db_query_views_1_pools_the_primary_view_and_the_policy_follows(ar
         stored = {(p.episode, p.step): p for p in one.scroll()}
         assert {k: p.action_tokens for k, p in stored.items()} == {(p.episode, p.step): p.action_tokens
                                                                      for p in both.scroll()}
-    paths = PolicyPaths(str(artifacts["model"]), str(artifacts["drafter"]), str(out), str(artifacts["calib"]))
+    # no operating-point file: the calibration of the two-view database names its two views
+    paths = PolicyPaths(str(artifacts["model"]), str(artifacts["drafter"]), str(out), "")
     policy = load_policy(paths, DecoderConfig(method="retrieval"))
     assert policy.cfg.retrieval.query_views == 1
     ref = scan_hdf5(demos)[0]
