@@ -6,11 +6,16 @@ CI without a Qdrant binary. Faults are injected by pausing it (connections accep
 answered: a silent or overloaded server) or stopping it (connection refused), then bringing it
 back on the same port. Local mode has no shards: shard keys and replication are recorded and
 echoed back in the collection info, and every request body is kept in `requests` for assertions.
+
+Property tests (Hypothesis) run derandomized under CI (`CI` set, as `.ci/run` is run): the same
+examples on every run, so a green CI never depends on a random draw; a falsifying example found
+locally is pinned in its test with `@example`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import ssl
@@ -19,6 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def _dump(value: Any) -> Any:

@@ -51,3 +51,7 @@ class CalibrationError(HeisdError):
 
 class DataFileError(HeisdError):
     """An input data file (demonstration HDF5, rosbag2) is malformed or unsafe to read."""
+
+
+class BagError(DataFileError):
+    """A rosbag2 directory is missing or damaged, or cannot be written."""

@@ -27,8 +27,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from heisd_ros.core.errors import ConfigError, DataFileError, HeisdError, InvalidObservationError
+from heisd_ros.core.errors import BagError, ConfigError, HeisdError, InvalidObservationError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
+from heisd_ros.pipeline.mcap_check import check_mcap
 
 NS_PER_S = 1_000_000_000
 IMAGE = "sensor_msgs/msg/Image"
@@ -41,10 +42,6 @@ ARM_COMMAND = "heisd_ros/msg/ArmCommand"
 DECODE_STATS = "heisd_ros/msg/DecodeStats"
 STORAGES = ("mcap", "sqlite3")
 """rosbag2 storage plugins a bag can be written with (both can be read)."""
-
-
-class BagError(DataFileError):
-    """A rosbag2 directory is missing or damaged, or cannot be written."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +147,8 @@ def read_messages(path: str | Path, topics: Iterable[str] | None = None,
     wanted_types = None if msgtypes is None else set(msgtypes)
     if not path.is_dir():
         raise BagError(f"bag {path} not found (a rosbag2 directory)")
+    for storage in sorted(path.glob("*.mcap")):
+        check_mcap(storage)  # sizes the file claims, before rosbags allocates them
     try:
         with AnyReader([path], default_typestore=typestore()) as reader:
             conns = [c for c in reader.connections if (wanted_topics is None or c.topic in wanted_topics)

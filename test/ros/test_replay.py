@@ -242,6 +242,7 @@ def test_truncated_bag_is_a_clear_error(small_bags, storage, frac):
 
 @FUZZ
 @example(storage="mcap", flips=[(0.027843440438522646, 73)])  # a chunk's record size read as 1.5e19: OverflowError
+@example(storage="mcap", flips=[(0.988563553055126, 6)])  # an index record's size read as 2.6e10: MemoryError
 @given(storage=st.sampled_from(["mcap", "sqlite3"]), flips=st.lists(st.tuples(st.floats(0.0, 0.9999), st.integers(0, 255)),
                                                                    min_size=1, max_size=30))  # fmt: skip
 def test_corrupted_bag_bytes_are_a_clear_error(small_bags, storage, flips):
