@@ -35,8 +35,10 @@ from heisd_ros.core.types import ACTION_DIM
 
 QUOTE_CHARS = 80
 """Longest prefix of a refused input quoted in a log line or diagnostic."""
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-"""C0 and C1 control characters and the Unicode line/paragraph separators: an instruction is one line."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 control characters, the Unicode line/paragraph separators (an instruction is one line)
+and the bidirectional embedding, override and isolate characters (they make a logged instruction
+read other than it is)."""
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from heisd_ros.ros import conversions as conv
 from heisd_ros.ros import topics
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
 from heisd_ros.ros.effective import EFFECTIVE_PREFIX, show_effective
-from heisd_ros.ros.input_limits import check_instruction
+from heisd_ros.ros.input_limits import check_instruction, model_input
 from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
 from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
 from heisd_ros.ros.node_main import run
@@ -270,9 +270,14 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         return gap[1], ""
 
     def _task_problem(self, text: str) -> str:
-        """Why the decoder cannot run an instruction's task ('' = it can, or nothing is loaded yet)."""
+        """Why the decoder cannot run an instruction ('' = it can, or nothing is loaded yet): the model's
+        own limits (tokens, positions) and the task's database entries, checked when the goal or
+        instruction arrives, so none is accepted and then refused at every tick."""
         session = self._session
-        return session.decoder.task_problem(self.cfg.node.task or text) if session is not None else ""
+        if session is None:
+            return ""
+        problem = model_input(session.decoder).instruction_problem(text, self.cfg.node.input_limits)
+        return problem or session.decoder.task_problem(self.cfg.node.task or text)
 
     def _on_instruction(self, raw: bytes) -> None:
         limits = self.cfg.node.input_limits

@@ -54,6 +54,9 @@ def removed_parameter_message(names: list[str]) -> str:
             + "; ".join(f"{n} -> {REMOVED_PARAMETERS[n]}" for n in names))
 
 INSTRUCTION_DURABILITIES, AFTER_EPISODE = ("volatile", "transient_local"), ("stop", "continue")
+ACTION_CEILING = 100.0
+"""The largest action bound accepted, policy units: a policy's actions are normalised deltas (|a| <= 1)
+or metres and radians per step; a bound beyond this checks nothing (1e300 is finite)."""
 
 
 @dataclass(frozen=True)
@@ -159,9 +162,12 @@ class NodeConfig:
                  f"max_abs_action values must be finite and > 0, got {list(self.max_abs_action)}")  # fmt: skip
         require(len(self.action_limits) == ACTION_DIM,
                  f"action_limits needs {ACTION_DIM} values, got {len(self.action_limits)}")  # fmt: skip
-        require(all(math.isfinite(lim) and lim >= v for v, lim in zip(self.max_abs_action, self.action_limits)),
-                 f"action_limits {list(self.action_limits)} must be finite and >= max_abs_action "
-                 f"{list(self.max_abs_action)} in every dimension")  # fmt: skip
+        require(all(math.isfinite(lim) and v <= lim <= ACTION_CEILING for v, lim in zip(self.max_abs_action,
+                                                                                         self.action_limits)),
+                 f"action_limits {list(self.action_limits)} must be finite, >= max_abs_action "
+                 f"{list(self.max_abs_action)} and <= {ACTION_CEILING} in every dimension")  # fmt: skip
+        require(bool(self.command_frame_id) and not any(c.isspace() for c in self.command_frame_id),
+                 f"command_frame_id must be a frame id (non-empty, no whitespace), got {self.command_frame_id!r}")
         require(math.isfinite(self.watchdog_factor) and 1.0 <= self.watchdog_factor <= 100.0,
                  f"watchdog_factor must be in [1, 100], got {self.watchdog_factor}")  # fmt: skip
         require(1 <= self.watchdog_recovery_steps <= 1000, "watchdog_recovery_steps must be in [1, 1000]")

@@ -48,6 +48,13 @@ def test_a_valid_instruction_is_stripped():
     assert check_instruction("prends le bol rouge à gauche", LIM) == "prends le bol rouge à gauche"
 
 
+@pytest.mark.parametrize("char", ["\u202e", "\u202a", "\u2066", "\u2069"])
+def test_bidirectional_overrides_are_refused(char):
+    """A right-to-left override makes a logged instruction read other than it is."""
+    with pytest.raises(InputLimitError, match="control character"):
+        check_instruction(f"pick up the {char}lwob der", LIM)
+
+
 def test_a_megabyte_instruction_is_refused_cheaply_and_quoted_briefly():
     text = "pick up the alphabet soup " * 40_000  # ~1 MB of words
     t = time.perf_counter()

@@ -190,6 +190,8 @@ BAD = {
                              "exceeds max_instruction_bytes 1024", True),
     "NUL in the instruction": (lambda r: r.instruct("pick up the alphabet\x00 soup"),
                                "control character '\\x00'", True),
+    "right-to-left override in the instruction": (lambda r: r.instruct("pick up the \u202epuos tebahpla"),
+                                                  "control character '\\u202e'", True),
     "too many tokens": (lambda r: r.instruct("w " * 300),
                         "300 tokens exceeds input_limits.max_instruction_tokens", True),
     "pose at 1e30 m": (lambda r: r.publish_set(pos=(1e30, 0.0, 0.3)), "outside the workspace box", False),

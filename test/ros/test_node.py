@@ -418,7 +418,9 @@ def test_clock_jumps_under_sim_time_never_act_on_stale_data_and_recover(rig):
         ({"decoder.method": "magic"}, "unknown method"),
         ({"sync_slop_s": 2.0}, "sync_slop_s"),
         ({"control_rate_hz": 10}, "must be of type float"),
-        ({"action_limits": [0.5] * 7}, "must be finite and >= max_abs_action"),
+        ({"action_limits": [0.5] * 7}, "must be finite, >= max_abs_action"),
+        ({"action_limits": [1e300] * 7}, "<= 100.0 in every dimension"),  # finite, but checks nothing
+        ({"command_frame_id": ""}, "command_frame_id must be a frame id"),
         ({"watchdog_factor": 0.5}, "watchdog_factor must be in"),
         ({"decoder.verify_skip.max_consecutive_skips": -1}, "max_consecutive_skips"),
         ({"decoder.views": ["agentview", "agentview"]}, "view names must be unique"),
@@ -501,7 +503,9 @@ def test_decoder_load_failure_fails_start_up(rig):
         ({"sync_slop_s": -0.1}, "sync_slop_s"),  # out of range
         ({"max_abs_action": [1.0, 2.0]}, "max_abs_action needs 7"),  # wrong length
         ({"image_staleness_s": 0.01}, "sync_slop_s must not exceed image_staleness_s"),  # inconsistent
-        ({"max_abs_action": [3.0] * 7}, "must be finite and >= max_abs_action"),  # above action_limits
+        ({"max_abs_action": [3.0] * 7}, "must be finite, >= max_abs_action"),  # above action_limits
+        ({"action_limits": [1e300] * 7}, "<= 100.0"),
+        ({"command_frame_id": ""}, "command_frame_id"),
         ({"watchdog_factor": 0.0}, "watchdog_factor"),
         ({"expected_image_height": 0}, "set both"),  # the rig sets both to 8
         ({"image_staleness_s": 1}, "type"),  # an integer for a double

@@ -82,6 +82,28 @@ def test_a_task_the_database_lacks_is_rejected_at_goal_time(rig):
         rig.stop()
 
 
+def test_a_goal_over_the_models_token_limit_is_rejected_at_goal_time(rig):
+    """Every input limit is checked when the goal arrives: one within max_instruction_bytes but over
+    max_instruction_tokens (counted by the model's tokenizer) is rejected with the reason, never
+    accepted and then refused at every tick until goal_timeout_s."""
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.models.loader import tiny_vla
+
+    policy = rig.start(decoder=HybridDecoder(tiny_vla(seed=0), DecoderConfig(method="ar")),
+                       **{"input_limits.max_instruction_tokens": 8})
+    try:
+        n_log = len(rig.logs)
+        handle, _ = _send(rig, policy, instruction="pick up the " + "red " * 20 + "bowl")
+        assert handle is None, "a goal over the token limit was accepted"
+        mine = lambda: [l.msg for l in rig.logs[n_log:] if l.name == policy.get_name()]  # noqa: E731
+        assert rig.wait(lambda: any("goal refused" in m and "tokens exceeds" in m for m in mine()), 2.0), mine()
+        handle, _ = _send(rig, policy, instruction="pick up the bowl")  # positive control
+        assert handle is not None
+    finally:
+        rig.stop()
+
+
 def test_a_goal_without_timeout_ends_at_goal_timeout_s(rig):
     policy = rig.start(goal_timeout_s=0.5)
     try:
