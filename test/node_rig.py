@@ -22,6 +22,9 @@ SIZE = (8, 8)
 STALENESS_S = 0.6
 
 
+CLIENT_QUEUE_DEPTH = 200
+"""Requests and responses the rig's service and action clients queue (bursts in the tests)."""
+
 class NodeRig:
     """A test node publishing the policy node's inputs and recording its outputs, spun in a thread
     on its own ROS domain; `start` runs a PolicyNode (commanding, no warm-up unless asked) on the
@@ -132,15 +135,22 @@ class NodeRig:
         from rclpy.action import ActionClient
         from std_srvs.srv import SetBool, Trigger
 
+        from heisd_ros.ros.qos import request_qos
+
+        # deep queues on the client side too: a burst's responses are each delivered, as the node's are
+        q = request_qos(CLIENT_QUEUE_DEPTH)
+
         def make() -> None:
             for c in self.clients.values():
                 c.destroy()
             n = self.node
             self.clients = {
-                "enable": n.create_client(SetBool, f"/{name}/enable"), "reset": n.create_client(Trigger, f"/{name}/reset"),
+                "enable": n.create_client(SetBool, f"/{name}/enable", qos_profile=q),
+                "reset": n.create_client(Trigger, f"/{name}/reset", qos_profile=q),
                 "change_state": n.create_client(ChangeState, f"/{name}/change_state"),
                 "get_state": n.create_client(GetState, f"/{name}/get_state"),
-                "run_task": ActionClient(n, RunTask, f"/{name}/run_task"),
+                "run_task": ActionClient(n, RunTask, f"/{name}/run_task", goal_service_qos_profile=q,
+                                         result_service_qos_profile=q, cancel_service_qos_profile=q),
             }  # fmt: skip
 
         self.on_executor(make)

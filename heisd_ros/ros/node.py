@@ -65,7 +65,7 @@ from heisd_ros.ros.params import (
     declare_all,
     validate_update,
 )
-from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos
+from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos, request_qos
 from heisd_ros.ros.session import Session
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
 from heisd_ros.ros.step import Job, StepRunner
@@ -115,7 +115,8 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             self._inputs_lock = threading.Lock()
             self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
             self._task = TaskControl(self, lambda: self.cfg.node, self._now_s, self._task_problem)
-            self._enable_service = self.create_service(SetBool, "~/enable", self._on_enable)
+            self._enable_service = self.create_service(SetBool, "~/enable", self._on_enable,
+                                                       qos_profile=request_qos(self.cfg.node.request_queue_depth))
             self.add_on_set_parameters_callback(self._on_set_parameters)
             self._warn_store_timeout()
             if self.cfg.node.autostart and autostart_on_executor:

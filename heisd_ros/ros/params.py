@@ -110,6 +110,13 @@ class NodeConfig:
     goal_timeout_s: float = 300.0
     """Longest episode of a ~/run_task goal that gives no timeout_s (0), s of node time: no goal runs
     unbounded when its client forgets it."""
+    goal_result_retention_s: float = 600.0
+    """How long a finished ~/run_task goal's result stays available to a late get_result, s (rclpy's
+    own default is 10 s: a client that reads results after a slow episode would get UNKNOWN)."""
+    request_queue_depth: int = 100
+    """Requests queued per service of the node (~/enable, ~/reset) and per service of ~/run_task
+    (goal, cancel, result) before the middleware drops one: a burst of up to this many gets an
+    answer each (the middleware's default, 10, leaves the rest of a burst unanswered)."""
     after_episode: str = "stop"
     """What follows the end of an episode (an episode_result, ~/reset): 'stop' commands nothing until
     a new ~/run_task goal or instruction arrives; 'continue' starts a new episode with the same
@@ -182,6 +189,10 @@ class NodeConfig:
         require(math.isfinite(self.warn_throttle_s) and self.warn_throttle_s >= 0, "warn_throttle_s must be >= 0")
         require(math.isfinite(self.goal_timeout_s) and self.goal_timeout_s > 0,
                 f"goal_timeout_s must be finite and > 0, got {self.goal_timeout_s}")  # fmt: skip
+        require(math.isfinite(self.goal_result_retention_s) and 1.0 <= self.goal_result_retention_s <= 86400.0,
+                f"goal_result_retention_s must be in [1, 86400], got {self.goal_result_retention_s}")  # fmt: skip
+        require(type(self.request_queue_depth) is int and 1 <= self.request_queue_depth <= 10_000,
+                f"request_queue_depth must be an integer in [1, 10000], got {self.request_queue_depth!r}")  # fmt: skip
 
     @property
     def expected_hw(self) -> tuple[int, int] | None:

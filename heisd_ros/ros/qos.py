@@ -24,3 +24,10 @@ def instruction_qos(durability: str) -> QoSProfile:
     volatile publisher's."""
     return QoSProfile(depth=1, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE,
                       durability=_DURABILITY[durability])  # fmt: skip
+
+
+def request_qos(depth: int) -> QoSProfile:
+    """A service's requests (the node's and its action's): reliable, volatile, `depth` queued
+    (NodeConfig.request_queue_depth), so a burst is answered request by request, not dropped."""
+    return QoSProfile(depth=depth, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.VOLATILE)  # fmt: skip

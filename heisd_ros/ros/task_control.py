@@ -35,6 +35,7 @@ from heisd_ros.core.types import StepStats
 from heisd_ros.ros import topics
 from heisd_ros.ros.input_limits import check_instruction, quote
 from heisd_ros.ros.params import NodeConfig
+from heisd_ros.ros.qos import request_qos
 
 SUCCEEDED_REASONS = frozenset({"episode_result", "max_steps"})
 """Ends that give the goal SUCCEEDED; a cancel gives CANCELED, every other end ABORTED."""
@@ -83,10 +84,14 @@ class TaskControl:
         self._count = 0
         self._idle = f"no instruction received yet on {node.resolve_topic_name(topics.INSTRUCTION)!r} and no ~/run_task goal"
         self._ends: dict[bytes, Any] = {}  # goal id -> Future of its result, resolved when its episode ends
+        cfg = config()
+        requests = request_qos(cfg.request_queue_depth)
         self._action = ActionServer(node, RunTask, "~/run_task", execute_callback=self._execute,
                                     goal_callback=self._on_goal, handle_accepted_callback=self._on_accepted,
-                                    cancel_callback=self._on_cancel)  # fmt: skip
-        self._services = [node.create_service(Trigger, "~/reset", self._on_reset)]
+                                    cancel_callback=self._on_cancel, goal_service_qos_profile=requests,
+                                    cancel_service_qos_profile=requests, result_service_qos_profile=requests,
+                                    result_timeout=math.ceil(cfg.goal_result_retention_s))  # fmt: skip
+        self._services = [node.create_service(Trigger, "~/reset", self._on_reset, qos_profile=requests)]
 
     # ------------------------------------------------------------------ state, read by the node
     def current(self) -> tuple[int, str] | None:

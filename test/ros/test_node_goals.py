@@ -24,7 +24,7 @@ from heisd_ros.action import RunTask  # noqa: E402
 DOMAIN_ID = 96
 TASK = "pick up the red bowl"
 REPO = Path(__file__).resolve().parents[2]
-STATUS = {"executing": 2, "succeeded": 4, "canceled": 5, "aborted": 6}  # action_msgs/GoalStatus
+STATUS = {"unknown": 0, "executing": 2, "succeeded": 4, "canceled": 5, "aborted": 6}  # action_msgs/GoalStatus
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,49 @@ def test_a_goal_over_the_models_token_limit_is_rejected_at_goal_time(rig):
         assert rig.wait(lambda: any("goal refused" in m and "tokens exceeds" in m for m in mine()), 2.0), mine()
         handle, _ = _send(rig, policy, instruction="pick up the bowl")  # positive control
         assert handle is not None
+    finally:
+        rig.stop()
+
+
+def test_a_burst_of_requests_gets_an_answer_for_each(rig):
+    """60 goals sent at once, then 60 ~/reset calls at once: every request is answered (a goal
+    accepted or rejected, a reset with its response), none left waiting; the middleware's default
+    depth of 10 left most of such a burst unanswered."""
+    from std_srvs.srv import Trigger
+
+    policy = rig.start()
+    try:
+        client = rig.clients["run_task"]
+        assert client.wait_for_server(timeout_sec=5.0)
+        goals = [client.send_goal_async(RunTask.Goal(instruction=TASK)) for _ in range(60)]
+        assert rig.wait(lambda: all(g.done() for g in goals), 20.0), \
+            f"{sum(g.done() for g in goals)} of 60 goals answered"  # fmt: skip
+        assert all(g.result().accepted for g in goals)  # each preempts the one before
+        reset = rig.clients["reset"]
+        assert reset.wait_for_service(timeout_sec=5.0)
+        calls = [reset.call_async(Trigger.Request()) for _ in range(60)]
+        assert rig.wait(lambda: all(c.done() for c in calls), 20.0), \
+            f"{sum(c.done() for c in calls)} of 60 resets answered"  # fmt: skip
+    finally:
+        rig.stop()
+
+
+@pytest.mark.slow
+def test_a_finished_goals_result_outlives_rclpys_ten_seconds(rig):
+    """A client that asks for the result 12 s after the goal ended still gets it
+    (goal_result_retention_s; rclpy's default forgets it after 10 s and answers UNKNOWN)."""
+    policy = rig.start()
+    try:
+        handle, _ = _send(rig, policy)
+        assert handle is not None
+        from std_srvs.srv import Trigger
+
+        assert rig.call("reset", Trigger.Request()).success  # ends the goal's episode
+        assert rig.wait(lambda: handle.status in (STATUS["succeeded"], STATUS["aborted"], STATUS["canceled"]), 5.0)
+        time.sleep(12.0)
+        late = handle.get_result_async()
+        assert rig.wait(late.done, 5.0)
+        assert late.result().status != STATUS["unknown"], "the result was forgotten"
     finally:
         rig.stop()
 
