@@ -65,6 +65,7 @@ from heisd_ros.ros.params import (
     declare_all,
     validate_update,
 )
+from heisd_ros.ros.param_services import ParameterServices
 from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos, request_qos
 from heisd_ros.ros.session import Session
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
@@ -95,7 +96,9 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
                  **node_kwargs: Any) -> None:  # fmt: skip
         # LifecycleNode.__init__ without its one default group: the lifecycle services get their own,
         # so a multi-threaded executor answers get_state while configure runs in a timer callback.
-        Node.__init__(self, node_name, **node_kwargs)
+        # parameter services of our own, which answer a request rclpy's leave unanswered (param_services)
+        Node.__init__(self, node_name, **{**node_kwargs, "start_parameter_services": False})
+        self._parameter_services = ParameterServices(self)
         LifecycleNodeMixin.__init__(self, callback_group=MutuallyExclusiveCallbackGroup())
         self._autostart_timer = None
         self._autostarting = threading.Event()  # set while configure runs from the executor

@@ -53,6 +53,56 @@ def rig(node_rig):
     return node_rig
 
 
+def test_every_set_parameters_request_is_answered_over_the_service(rig):
+    """Over the node's real set_parameters service (what `ros2 param set` calls): a value of an unknown
+    type (99) is refused with the reason (rclpy's own service raised in its callback and never
+    answered), a read-only or undeclared parameter is refused, a valid change applied; list and get
+    answer as ROS tools expect."""
+    from rcl_interfaces.msg import Parameter as ParameterMsg
+    from rcl_interfaces.msg import ParameterValue
+    from rcl_interfaces.srv import GetParameters, ListParameters, SetParameters
+
+    policy = rig.start()
+    name = policy.get_name()
+    clients = {}
+    try:
+        def make() -> None:
+            for srv, suffix in ((SetParameters, "set_parameters"), (ListParameters, "list_parameters"),
+                                (GetParameters, "get_parameters")):
+                clients[suffix] = rig.node.create_client(srv, f"/{name}/{suffix}")
+
+        rig.on_executor(make)
+
+        def call(suffix: str, request):
+            assert clients[suffix].wait_for_service(timeout_sec=5.0), suffix
+            future = clients[suffix].call_async(request)
+            assert rig.wait(future.done, 5.0), f"{suffix}: no answer"
+            return future.result()
+
+        def value(kind: int, **fields) -> ParameterValue:
+            return ParameterValue(type=kind, **fields)
+
+        bad = ParameterMsg(name="warn_throttle_s", value=value(3, double_value=1.0))
+        bad.value.type = 99
+        results = call("set_parameters", SetParameters.Request(parameters=[
+            bad,
+            ParameterMsg(name="control_rate_hz", value=value(3, double_value=5.0)),  # read-only
+            ParameterMsg(name="no_such_parameter", value=value(3, double_value=1.0)),
+            ParameterMsg(name="warn_throttle_s", value=value(3, double_value=1.5)),
+        ])).results
+        assert [r.successful for r in results] == [False, False, False, True], [r.reason for r in results]
+        assert "invalid value" in results[0].reason and "warn_throttle_s" in results[0].reason
+        assert policy.cfg.node.warn_throttle_s == 1.5
+        names = call("list_parameters", ListParameters.Request()).result.names
+        assert "warn_throttle_s" in names and "decoder.method" in names
+        got = call("get_parameters", GetParameters.Request(names=["warn_throttle_s"])).values
+        assert [v.double_value for v in got] == [1.5]
+    finally:
+        for c in clients.values():
+            rig.on_executor(c.destroy)
+        rig.stop()
+
+
 def test_set_parameters_refuses_an_infinite_action_limit(rig):
     policy = rig.start()
     try:
