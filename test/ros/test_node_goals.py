@@ -203,9 +203,15 @@ def _wait_active(rig, proc, timeout_s: float = 30.0) -> None:
         if client.wait_for_service(timeout_sec=0.2):
             state = rig.ask("get_state", GetState.Request(), 2.0)  # None: unanswered, ask again
             if state is not None and state.current_state.label == "active":
-                return
+                break
         time.sleep(0.05)
-    raise AssertionError(f"the node never became active (exit {proc.poll()})")
+    else:
+        raise AssertionError(f"the node never became active (exit {proc.poll()})")
+    # active is not yet matched: a fresh process on a loaded machine can take seconds to discover the
+    # rig's publishers, and inputs sent before that never reach it
+    pubs = [*rig.pub_img.values(), rig.pub_pose]
+    matched = rig.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), timeout_s)
+    assert matched, f"the node never subscribed to the rig's inputs (exit {proc.poll()})"
 
 
 def _stop(proc: subprocess.Popen, signalled: bool = False) -> str:
