@@ -262,7 +262,7 @@ class HybridDecoder:
             raise InvalidObservationError(f"decoded action is not finite: {action}")
         if decode is not None:
             self.f_live = torch.stack(decode.producers).float().mean(0).cpu().numpy()
-            self.last_verified_tokens = tuple(int(t) for t in tokens)
+            self.last_verified_tokens = st.tokens
         self.last_gripper_token = int(tokens[GRIPPER_INDEX])
         # hold_steps 0 passes the (already binary) command through unchanged
         action[GRIPPER_INDEX], st.gripper_held = self.gripper(float(action[GRIPPER_INDEX]))

@@ -48,26 +48,25 @@ class ParameterServices:
         self.services = [node.create_service(srv, f"~/{name}", callback, qos_profile=qos_profile_parameters)
                          for srv, name, callback in specs]
 
-    # A request naming an undeclared parameter gets an empty answer, as rclpy's services give.
-    def _describe(self, request: Any, response: Any) -> Any:
+    @staticmethod
+    def _names_or_empty(read: Any, names: Any) -> list:
+        """`read(names)`, or [] when a name is not declared (or not set), as rclpy's services answer."""
         try:
-            response.descriptors = self._node.describe_parameters(list(request.names))
-        except ParameterNotDeclaredException:
-            response.descriptors = []
+            return read(list(names))
+        except (ParameterNotDeclaredException, ParameterUninitializedException):
+            return []
+
+    def _describe(self, request: Any, response: Any) -> Any:
+        response.descriptors = self._names_or_empty(self._node.describe_parameters, request.names)
         return response
 
     def _get(self, request: Any, response: Any) -> Any:
-        try:
-            response.values = [p.get_parameter_value() for p in self._node.get_parameters(list(request.names))]
-        except (ParameterNotDeclaredException, ParameterUninitializedException):
-            response.values = []
+        params = self._names_or_empty(self._node.get_parameters, request.names)
+        response.values = [p.get_parameter_value() for p in params]
         return response
 
     def _get_types(self, request: Any, response: Any) -> Any:
-        try:
-            response.types = self._node.get_parameter_types(list(request.names))
-        except ParameterNotDeclaredException:
-            response.types = []
+        response.types = self._names_or_empty(self._node.get_parameter_types, request.names)
         return response
 
     def _list(self, request: Any, response: Any) -> Any:

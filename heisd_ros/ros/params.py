@@ -24,12 +24,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from heisd_ros.core.config import (
-    DecoderConfig,
-    StoreConfig,
-    from_dict,
-    require,
-)
+from heisd_ros.core.config import DecoderConfig, StoreConfig, from_dict, require, topic_ok
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
@@ -40,8 +35,7 @@ from heisd_ros.ros.topics import REMOVED_TOPIC_PARAMETERS
 REMOVED_PARAMETERS: dict[str, str] = {
     **{name: f"--ros-args -r {remap}" for name, remap in REMOVED_TOPIC_PARAMETERS.items()},
     "store.path": "db_path (the one parameter naming the database directory)",
-    "decoder.source_choice.cost_signal": "nothing: a step's cost is always counted in LLM forwards (no decision "
-                                         "reads a clock)",
+    "decoder.source_choice.cost_signal": "nothing: a step's cost is counted in LLM forwards, never timed",
 }
 """Parameters of earlier releases -> what replaces each; a file or override that sets one is refused."""
 
@@ -55,8 +49,7 @@ def removed_parameter_message(names: list[str]) -> str:
 
 INSTRUCTION_DURABILITIES, AFTER_EPISODE = ("volatile", "transient_local"), ("stop", "continue")
 ACTION_CEILING = 100.0
-"""The largest action bound accepted, policy units: a policy's actions are normalised deltas (|a| <= 1)
-or metres and radians per step; a bound beyond this checks nothing (1e300 is finite)."""
+"""The largest action bound accepted, policy units: a bound beyond it checks nothing (1e300 is finite)."""
 
 
 @dataclass(frozen=True)
@@ -111,12 +104,11 @@ class NodeConfig:
     """Longest episode of a ~/run_task goal that gives no timeout_s (0), s of node time: no goal runs
     unbounded when its client forgets it."""
     goal_result_retention_s: float = 600.0
-    """How long a finished ~/run_task goal's result stays available to a late get_result, s (rclpy's
-    own default is 10 s: a client that reads results after a slow episode would get UNKNOWN)."""
+    """How long a finished ~/run_task goal's result stays available to get_result, s (rclpy's 10 s
+    would answer UNKNOWN to a client that reads results after a slow episode)."""
     request_queue_depth: int = 100
-    """Requests queued per service of the node (~/enable, ~/reset) and per service of ~/run_task
-    (goal, cancel, result) before the middleware drops one: a burst of up to this many gets an
-    answer each (the middleware's default, 10, leaves the rest of a burst unanswered)."""
+    """Requests queued per service of the node and of ~/run_task before the middleware drops one: a
+    burst of up to this many gets an answer each (the middleware's 10 leaves the rest unanswered)."""
     after_episode: str = "stop"
     """What follows the end of an episode (an episode_result, ~/reset): 'stop' commands nothing until
     a new ~/run_task goal or instruction arrives; 'continue' starts a new episode with the same
@@ -169,12 +161,10 @@ class NodeConfig:
                  f"max_abs_action values must be finite and > 0, got {list(self.max_abs_action)}")  # fmt: skip
         require(len(self.action_limits) == ACTION_DIM,
                  f"action_limits needs {ACTION_DIM} values, got {len(self.action_limits)}")  # fmt: skip
-        require(all(math.isfinite(lim) and v <= lim <= ACTION_CEILING for v, lim in zip(self.max_abs_action,
-                                                                                         self.action_limits)),
+        require(all(v <= lim <= ACTION_CEILING for v, lim in zip(self.max_abs_action, self.action_limits)),
                  f"action_limits {list(self.action_limits)} must be finite, >= max_abs_action "
                  f"{list(self.max_abs_action)} and <= {ACTION_CEILING} in every dimension")  # fmt: skip
-        require(bool(self.command_frame_id) and not any(c.isspace() for c in self.command_frame_id),
-                 f"command_frame_id must be a frame id (non-empty, no whitespace), got {self.command_frame_id!r}")
+        require(topic_ok(self.command_frame_id), f"command_frame_id must be a frame id, got {self.command_frame_id!r}")
         require(math.isfinite(self.watchdog_factor) and 1.0 <= self.watchdog_factor <= 100.0,
                  f"watchdog_factor must be in [1, 100], got {self.watchdog_factor}")  # fmt: skip
         require(1 <= self.watchdog_recovery_steps <= 1000, "watchdog_recovery_steps must be in [1, 1000]")
@@ -189,10 +179,9 @@ class NodeConfig:
         require(math.isfinite(self.warn_throttle_s) and self.warn_throttle_s >= 0, "warn_throttle_s must be >= 0")
         require(math.isfinite(self.goal_timeout_s) and self.goal_timeout_s > 0,
                 f"goal_timeout_s must be finite and > 0, got {self.goal_timeout_s}")  # fmt: skip
-        require(math.isfinite(self.goal_result_retention_s) and 1.0 <= self.goal_result_retention_s <= 86400.0,
-                f"goal_result_retention_s must be in [1, 86400], got {self.goal_result_retention_s}")  # fmt: skip
+        require(1.0 <= self.goal_result_retention_s <= 86400.0, "goal_result_retention_s must be in [1, 86400]")
         require(type(self.request_queue_depth) is int and 1 <= self.request_queue_depth <= 10_000,
-                f"request_queue_depth must be an integer in [1, 10000], got {self.request_queue_depth!r}")  # fmt: skip
+                "request_queue_depth must be an integer in [1, 10000]")
 
     @property
     def expected_hw(self) -> tuple[int, int] | None:
