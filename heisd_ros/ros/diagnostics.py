@@ -2,7 +2,8 @@
 
 The policy status carries the worst problem since the last message (or a warning that decoding is
 slower than the control period, or that no instruction has arrived) and the figures of the recent
-steps: command rate, frame-to-command latency, decode time, mode mix, rejected steps by kind.
+steps: command rate, frame-to-command latency, decode time, mode mix, rejected steps by kind, the
+synchroniser's refusals by kind.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class NodeState:
     """(database healthy, status text) from the decoder's last health check."""
     worker_restarts: int = 0
     """Inference threads started after one died."""
+    sync_refusals: Mapping[str, int] = field(default_factory=dict)
+    """Control ticks whose inputs formed no set, by kind (sync.REFUSAL_KINDS), since configure."""
     commanding: str = ""
     """The command gate: 'inactive', 'commanding' or 'dry run (command_enabled false)'."""
     effective: Mapping[str, str] = field(default_factory=dict)
@@ -86,7 +89,7 @@ def _values(cfg: PolicyNodeConfig, snap: StatusSnapshot, state: NodeState) -> di
         "dropped_ticks": str(snap.dropped_ticks), "clipped_commands": str(snap.clipped),
         "fallback_steps": str(snap.fallbacks), "watchdog": "tripped" if state.watchdog_tripped else "ok",
         "watchdog_trips": str(state.watchdog_trips), "clock_resets": str(state.clock_resets),
-        "worker_restarts": str(state.worker_restarts),
+        "worker_restarts": str(state.worker_restarts), "sync_refusals": _pairs(state.sync_refusals),
         "mode_mix": _pairs(snap.modes), "rejected": _pairs(snap.rejected), "last_error": snap.last_error,
         "last_error_age_s": f"{snap.last_error_age_s:.1f}" if snap.last_error else "",
         "database_healthy": str(health_ok), "database_status": health_text,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
+import threading
 import time
 from typing import Any, Callable
 
@@ -123,14 +124,14 @@ def warm_up(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
 class ManagedPolicy:
     """The transitions of PolicyNode (a mixin before rclpy's LifecycleNode): they call the node's
     `_open_session` / `_close_session` (its `Session`, configure's resources) and its TaskControl `_task`;
-    and the two ends of the process: autostart (`start`, or `_autostart` from the executor) and the
+    and the two ends of the process: autostart (`start`, or `autostart_in_background`) and the
     shutdown that finishes the goals (`finish_goals`)."""
 
     configure_error: str = ""
     """Why the last configure failed ('' after a successful one)."""
     _configure_exception: BaseException | None = None
     startup_error: BaseException | None = None
-    """Why an autostart run from the executor failed (the process exits 1 with it); None otherwise."""
+    """Why an autostart run beside the executor failed (the process exits 1 with it); None otherwise."""
 
     def _LifecycleNodeMixin__change_state(self, transition_id: int) -> TransitionCallbackReturn:  # noqa: N802
         """A transition the current state does not offer is refused with a warning and the reason;
@@ -221,22 +222,32 @@ class ManagedPolicy:
         if self.trigger_activate() != TransitionCallbackReturn.SUCCESS:
             raise HeisdError("activate failed; see the log")
 
-    def _autostart(self) -> None:
-        """Configure and activate from the executor, once; a failure is kept in `startup_error`."""
-        timer, self._autostart_timer = self._autostart_timer, None
-        if timer is None:
-            return
-        self.destroy_timer(timer)
-        self._autostarting.set()
+    def autostart_in_background(self) -> bool:
+        """Configure and activate once, on a thread of its own beside the spinning executor, which
+        meanwhile answers get_state ("configuring") and every other request; a failure is kept in
+        `startup_error`. A thread, not a callback: a multi-threaded rclpy executor would be needed to
+        serve requests during a callback that loads a model, and its dispatch loop, run for every
+        camera frame, starves the inference thread of the interpreter (0 commands under a 200 Hz
+        compressed-image flood, docs/reliability.md). Returns whether an autostart was started."""
+        if not self._autostart_pending:
+            return False
+        self._autostart_pending = False
+        self._autostarting.set()  # before the thread runs: a shutdown now waits for it (wait_for_startup)
+        threading.Thread(target=self._run_autostart, name="heisd-autostart", daemon=True).start()
+        return True
+
+    def _run_autostart(self) -> None:
         try:
             self.start()
         except HeisdError as err:
             self.startup_error = err
+        except Exception as err:  # noqa: BLE001 - the process exits 1 with it instead of a silent thread
+            self.startup_error = HeisdError(f"configure failed: {describe(err)}")
         finally:
             self._autostarting.clear()
 
     def wait_for_startup(self, timeout_s: float) -> None:
-        """Let an autostart in progress on an executor thread finish before the node is torn down
+        """Let an autostart in progress (`autostart_in_background`) finish before the node is torn down
         (a signal while the model loads); at most `timeout_s`."""
         end = time.monotonic() + timeout_s
         while self._autostarting.is_set() and time.monotonic() < end:

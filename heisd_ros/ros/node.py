@@ -37,10 +37,7 @@ from typing import Any, Callable
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseStamped
 from rcl_interfaces.msg import SetParametersResult
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.clock import Clock, ClockType
-from rclpy.lifecycle import LifecycleNode, LifecycleNodeMixin
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode
 from rclpy.parameter import Parameter
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
@@ -92,16 +89,13 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     """
 
     def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Decoder] | None = None,
-                 node_name: str = "policy_node", autostart_on_executor: bool = False,
+                 node_name: str = "policy_node", autostart_in_background: bool = False,
                  **node_kwargs: Any) -> None:  # fmt: skip
-        # LifecycleNode.__init__ without its one default group: the lifecycle services get their own,
-        # so a multi-threaded executor answers get_state while configure runs in a timer callback.
         # parameter services of our own, which answer a request rclpy's leave unanswered (param_services)
-        Node.__init__(self, node_name, **{**node_kwargs, "start_parameter_services": False})
+        LifecycleNode.__init__(self, node_name, **{**node_kwargs, "start_parameter_services": False})
         self._parameter_services = ParameterServices(self)
-        LifecycleNodeMixin.__init__(self, callback_group=MutuallyExclusiveCallbackGroup())
-        self._autostart_timer = None
-        self._autostarting = threading.Event()  # set while configure runs from the executor
+        self._autostart_pending = False
+        self._autostarting = threading.Event()  # set while an autostart runs beside the executor
         self._session: Session | None = None
         self._task: TaskControl | None = None
         self._showing_effective = False
@@ -122,9 +116,8 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
                                                        qos_profile=request_qos(self.cfg.node.request_queue_depth))
             self.add_on_set_parameters_callback(self._on_set_parameters)
             self._warn_store_timeout()
-            if self.cfg.node.autostart and autostart_on_executor:
-                # the first spin configures; a steady clock, as /clock may not run yet under use_sim_time
-                self._autostart_timer = self.create_timer(0.0, self._autostart, clock=Clock(clock_type=ClockType.STEADY_TIME))
+            if self.cfg.node.autostart and autostart_in_background:
+                self._autostart_pending = True  # `autostart_in_background()` once the executor spins
             elif self.cfg.node.autostart:
                 self.start()
             started = True
@@ -133,7 +126,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
                 self.destroy_node()
         n = self.cfg.node
         state = ("unconfigured (autostart false): waiting for configure" if not n.autostart else
-                 "configuring from the executor" if self._autostart_timer is not None else self._task.commanding)
+                 "configuring beside the executor" if self._autostart_pending else self._task.commanding)
         self.get_logger().info(
             f"policy node ready: method={self.cfg.decoder.method} views={list(self.cfg.decoder.views)} "
             f"rate={n.control_rate_hz} Hz model={n.model_dir!r} " + state
@@ -406,9 +399,10 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             return
         snap = self._status.snapshot(horizon_s(self.cfg))
         with self._inputs_lock:
-            clock_resets = session.sync.clock_resets
+            clock_resets, sync_refusals = session.sync.clock_resets, dict(session.sync.refusals)
         state = NodeState(instruction=self.instruction, watchdog_tripped=session.watchdog.tripped,
                           watchdog_trips=session.watchdog.state.trips, clock_resets=clock_resets,
+                          sync_refusals=sync_refusals,
                           health=session.runner.health, worker_restarts=session.worker.restarts,
                           commanding=self._task.commanding, effective=self._effective_changed)  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
@@ -419,7 +413,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
 def main(argv: list[str] | None = None) -> int:
     """The `policy_node` process (heisd_ros.ros.node_main.run): exit 0 on SIGINT/SIGTERM, 1 with the
     reason when the node cannot start."""
-    return run(lambda: PolicyNode(autostart_on_executor=True), argv)
+    return run(lambda: PolicyNode(autostart_in_background=True), argv)
 
 
 if __name__ == "__main__":

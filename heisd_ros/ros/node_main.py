@@ -14,7 +14,7 @@ import threading
 from typing import Any, Callable
 
 import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
 from heisd_ros.core.errors import HeisdError
@@ -49,8 +49,8 @@ def run(make_node: Callable[[], Any], argv: list[str] | None = None) -> int:
     flight and the log lines still to come. Here a signal only ends the spin loop; the node then
     stops its inputs, aborts a running goal and spins until its result is out (`finish_goals`),
     stops its worker, is destroyed, and only then is the context shut down. With autostart the node
-    configures from the executor, whose second thread keeps the lifecycle services answering
-    ("configuring") while the model loads."""
+    configures on a thread beside the (single-threaded) executor, which keeps the lifecycle services
+    answering ("configuring") while the model loads."""
     argv = list(sys.argv if argv is None else ["policy_node", *argv])
     fastdds_reader_memory()  # received frames must not pin memory (heisd_ros/ros/transport.py)
     rclpy.init(args=ros_args(argv), signal_handler_options=SignalHandlerOptions.NO)
@@ -58,13 +58,14 @@ def run(make_node: Callable[[], Any], argv: list[str] | None = None) -> int:
     _on_stop_signals(lambda signum, frame: stop.set())
     log = rclpy.logging.get_logger("policy_node")
     try:
-        node = make_node()  # after rclpy.init: a PolicyNode configuring from the executor
+        node = make_node()  # after rclpy.init; with autostart it configures once the executor spins
     except HeisdError as err:
         log.fatal(f"cannot start: {type(err).__name__}: {err}")
         rclpy.try_shutdown()
         return 1
-    executor = MultiThreadedExecutor(num_threads=2)
+    executor = SingleThreadedExecutor()
     executor.add_node(node)
+    node.autostart_in_background()
     code = 0
     try:
         while not stop.is_set() and rclpy.ok():

@@ -4,14 +4,19 @@ ROS-free and pure (no clocks, no threads): the node feeds it stamped items from 
 subscription callbacks and asks, once per control tick, for the newest synchronised set.
 
 Policy (what a controller wants, not what a recorder wants):
-- Depth 1: only the newest frame per view is kept; an older frame arriving late is dropped.
-- A set is the newest frame of every view, accepted when the spread of their stamps is at most
-  `slop_s` and no frame is older than `image_staleness_s` relative to `now_s`.
+- The newest `FRAMES_KEPT` frames per view are kept (bounded, as received: nothing is decoded here);
+  a frame older than the newest held is dropped as out of order.
+- A set is anchored on the view whose newest frame is oldest (the lagging view): that frame, and
+  from every other view its newest unused frame stamped at most `slop_s` after it. So when an
+  executor busy with other callbacks has taken one view's next frame but not yet the other's, the
+  set is the previous pair rather than a refusal. It is accepted when the spread of its stamps is
+  at most `slop_s` and no frame is older than `image_staleness_s` relative to `now_s`.
 - Each frame is used at most once (like message_filters): a set is offered only when every view
   has a frame newer than the set consumed last. The pose is state, not a frame: the newest pose
   is attached to every set, provided it is not older than `pose_staleness_s`.
 - When no set can be formed, `poll` returns None and `reason` says why (missing view, stale,
-  out of slop, nothing new), so the node can warn and report it.
+  out of slop, nothing new), so the node can warn and report it; problems are counted by kind in
+  `refusals` (the node's /diagnostics shows them).
 - Clock jumps (a bag played in a loop, a simulator reset under sim time): a frame stamped more
   than `image_staleness_s` before the one held for its view (a pose: `pose_staleness_s`) means its
   source restarted; it replaces the held one and the view's "used" mark is cleared, otherwise the
@@ -24,6 +29,7 @@ Policy (what a controller wants, not what a recorder wants):
 from __future__ import annotations
 
 import math
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Generic, Sequence, TypeVar
 
@@ -37,6 +43,12 @@ IDLE = "no new frames since the last step"
 NOTHING_HEARD = "no frame or pose received yet"
 CLOCK_JUMP_TOLERANCE_S = 1e-3
 """A `now_s` further back than this from the previous poll is a clock jump."""
+FRAMES_KEPT = 3
+"""Frames held per view: enough to pair the previous frames when one view's newest came a period
+early; few, so a flood of large frames holds little memory."""
+REFUSAL_KINDS = ("missing_view", "stale_image", "future_image", "out_of_sync", "no_pose", "stale_pose",
+                 "future_pose")
+"""The kinds of problem `poll` counts in `refusals`."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +109,8 @@ class ApproxTimeSync:
 
     def __init__(self, cfg: SyncConfig) -> None:
         self.cfg = cfg
-        self._frames: dict[str, Stamped[Any]] = {}
+        self._frames: dict[str, deque[Stamped[Any]]] = {}
+        """View -> its newest frames, oldest first (at most FRAMES_KEPT)."""
         self._pose: Stamped[Any] | None = None
         self._consumed: dict[str, float] = {}
         self.reason: str = NOTHING_HEARD
@@ -106,6 +119,8 @@ class ApproxTimeSync:
         """Whether any frame or pose was ever offered (since construction or `clear`): before that the
         node is waiting for its sources to come up, which is not a rejected step."""
         self.dropped_out_of_order = 0
+        self.refusals: Counter = Counter()
+        """Polls that found a problem, by kind (REFUSAL_KINDS)."""
         self.clock_resets = 0
         self.events: list[str] = []
         """Clock jumps seen since the caller last emptied the list."""
@@ -122,13 +137,13 @@ class ApproxTimeSync:
         if view not in self.cfg.views:
             return False
         held = self._frames.get(view)
-        if held is not None and stamp_s < held.stamp_s:
-            back = held.stamp_s - stamp_s
+        if held and stamp_s < held[-1].stamp_s:
+            back = held[-1].stamp_s - stamp_s
             if back <= self.cfg.image_staleness_s:
                 self.dropped_out_of_order += 1
                 return False
             self._restart(f"stamps of view {view!r} jumped back {back:.3f} s", view)
-        self._frames[view] = Stamped(float(stamp_s), data)
+        self._frames.setdefault(view, deque(maxlen=FRAMES_KEPT)).append(Stamped(float(stamp_s), data))
         self.heard = True
         return True
 
@@ -154,8 +169,8 @@ class ApproxTimeSync:
 
     def _clock_went_back(self, now_s: float, back_s: float) -> None:
         """Forget what lies beyond the future tolerance of the new clock (it belongs to the old timeline)."""
-        for v, f in list(self._frames.items()):
-            if f.stamp_s - now_s > self.cfg.image_staleness_s:
+        for v, frames in list(self._frames.items()):
+            if frames[-1].stamp_s - now_s > self.cfg.image_staleness_s:
                 del self._frames[v]
                 self._consumed.pop(v, None)
         if self._pose is not None and self._pose.stamp_s - now_s > self.cfg.pose_staleness_s:
@@ -184,50 +199,70 @@ class ApproxTimeSync:
             self._clock_went_back(now_s, self._last_now - now_s)
         self._last_now = now_s
         if not self.heard:
-            return self._none(NOTHING_HEARD, problem=False)
+            return self._none(NOTHING_HEARD)
         missing = [v for v in cfg.views if v not in self._frames]
         if missing:
-            return self._none(f"missing view(s) {missing}: no frame received", problem=True)
-        frames = {v: self._frames[v] for v in cfg.views}
-        for v, f in frames.items():
+            return self._none(f"missing view(s) {missing}: no frame received", "missing_view")
+        newest = {v: self._frames[v][-1] for v in cfg.views}
+        for v, f in newest.items():
             age = now_s - f.stamp_s
             if age > cfg.image_staleness_s:
                 return self._none(
-                    f"stale image on view {v!r}: {age:.3f} s old > limit {cfg.image_staleness_s:.3f} s",
-                    problem=True,
+                    f"stale image on view {v!r}: {age:.3f} s old > limit {cfg.image_staleness_s:.3f} s", "stale_image"
                 )
             if age < -cfg.image_staleness_s:
-                return self._none(f"image on view {v!r} stamped {-age:.3f} s in the future", problem=True)
-        used = [v for v in cfg.views if frames[v].stamp_s <= self._consumed.get(v, -math.inf)]
+                return self._none(f"image on view {v!r} stamped {-age:.3f} s in the future", "future_image")
+        used = [v for v in cfg.views if newest[v].stamp_s <= self._consumed.get(v, -math.inf)]
         if len(used) == len(cfg.views):
-            return self._none(IDLE, problem=False)
+            return self._none(IDLE)
         if used:
-            return self._none(f"waiting for a new frame on view(s) {used}", problem=False)
+            return self._none(f"waiting for a new frame on view(s) {used}")
+        frames = self._paired(newest)
+        for v, f in frames.items():  # a paired frame is older than its view's newest
+            age = now_s - f.stamp_s
+            if age > cfg.image_staleness_s:
+                return self._none(
+                    f"stale image on view {v!r}: {age:.3f} s old > limit {cfg.image_staleness_s:.3f} s", "stale_image"
+                )
         stamps = [f.stamp_s for f in frames.values()]
         spread = max(stamps) - min(stamps)
         if spread > cfg.slop_s:
             return self._none(
-                f"views out of sync: stamps spread {spread:.3f} s > slop {cfg.slop_s:.3f} s", problem=True
+                f"views out of sync: stamps spread {spread:.3f} s > slop {cfg.slop_s:.3f} s", "out_of_sync"
             )
         if self._pose is None:
-            return self._none("no end-effector pose received yet", problem=True)
+            return self._none("no end-effector pose received yet", "no_pose")
         pose_age = now_s - self._pose.stamp_s
         if pose_age > cfg.pose_staleness_s:
             return self._none(
-                f"stale pose: {pose_age:.3f} s old > limit {cfg.pose_staleness_s:.3f} s", problem=True
+                f"stale pose: {pose_age:.3f} s old > limit {cfg.pose_staleness_s:.3f} s", "stale_pose"
             )
         if pose_age < -cfg.pose_staleness_s:
-            return self._none(f"pose stamped {-pose_age:.3f} s in the future", problem=True)
+            return self._none(f"pose stamped {-pose_age:.3f} s in the future", "future_pose")
         self.reason, self.problem = "", False
         return SyncedSet(frames=frames, pose=self._pose, stamp_s=max(max(stamps), self._pose.stamp_s))
+
+    def _paired(self, newest: dict[str, Stamped[Any]]) -> dict[str, Stamped[Any]]:
+        """The set anchored on the lagging view's newest frame: from every view, its newest unused
+        frame stamped at most slop_s after the anchor (the view's newest when none is)."""
+        anchor = min(f.stamp_s for f in newest.values())
+        frames = {}
+        for v in self.cfg.views:
+            consumed = self._consumed.get(v, -math.inf)
+            fitting = [f for f in self._frames[v] if consumed < f.stamp_s <= anchor + self.cfg.slop_s]
+            frames[v] = fitting[-1] if fitting else newest[v]
+        return frames
 
     def consume(self, synced: SyncedSet) -> None:
         """Mark the frames of `synced` as used: they will not be offered again."""
         for v, f in synced.frames.items():
             self._consumed[v] = f.stamp_s
 
-    def _none(self, reason: str, problem: bool) -> None:
-        self.reason, self.problem = reason, problem
+    def _none(self, reason: str, problem: str = "") -> None:
+        """No set: `reason` says why; `problem` is the refusal's kind ('' = the normal wait)."""
+        self.reason, self.problem = reason, bool(problem)
+        if problem:
+            self.refusals[problem] += 1
         return None
 
 

@@ -1,4 +1,4 @@
-"""ApproxTimeSync: depth-1 approximate-time synchronisation of views plus the newest pose."""
+"""ApproxTimeSync: approximate-time synchronisation of views (a few frames held per view) plus the newest pose."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.ros.sync import IDLE, ApproxTimeSync, SyncConfig
+from heisd_ros.ros.sync import FRAMES_KEPT, IDLE, ApproxTimeSync, SyncConfig
 
 VIEWS = ("agentview", "wrist")
 
@@ -36,13 +36,41 @@ def test_synchronised_set_is_returned_once():
     assert s.poll(now_s=10.02) is None and s.reason == IDLE and not s.problem
 
 
-def test_keeps_only_newest_frame_per_view():
+def test_the_set_is_the_newest_pair():
     s = make()
     for k in range(10):
         feed(s, 1.0 + 0.01 * k)
     got = s.poll(now_s=1.1)
     assert got.frames["agentview"].stamp_s == pytest.approx(1.09)
     assert got.frames["wrist"].stamp_s == pytest.approx(1.09)
+
+
+def test_a_view_one_frame_ahead_pairs_the_previous_frames_instead_of_refusing():
+    """A busy executor has taken agentview's next frame but not yet wrist's: the set is the
+    previous pair, then the next pair once wrist's frame is in; nothing is refused."""
+    s = make(slop=0.02)
+    feed(s, 1.0)
+    s.add_frame("agentview", 1.05, "agentview@1.05")
+    s.add_pose(1.05, "pose@1.05")
+    got = s.poll(1.06)
+    assert [f.data for f in got.frames.values()] == ["agentview@1.0", "wrist@1.0"]
+    s.consume(got)
+    assert s.poll(1.07) is None and not s.problem  # waiting for wrist's next frame
+    s.add_frame("wrist", 1.05, "wrist@1.05")
+    got = s.poll(1.08)
+    assert [f.data for f in got.frames.values()] == ["agentview@1.05", "wrist@1.05"]
+    assert not s.refusals
+
+
+def test_refusals_are_counted_by_kind():
+    s = make(slop=0.05, img=0.5, pose=0.5)
+    s.add_frame("agentview", 1.0, "a")
+    assert s.poll(1.0) is None  # wrist missing
+    s.add_frame("wrist", 1.2, "w")
+    assert s.poll(1.2) is None  # out of sync (1.0 has no wrist partner within 0.05)
+    assert s.poll(1.2) is None
+    assert s.poll(2.0) is None  # stale
+    assert dict(s.refusals) == {"missing_view": 1, "out_of_sync": 2, "stale_image": 1}
 
 
 def test_out_of_order_frame_is_dropped():
@@ -162,14 +190,23 @@ def test_any_sequence_yields_a_valid_set_or_a_reason(events, now):
     assert max(stamps) - min(stamps) <= 0.05
     assert all(abs(now - t) <= 0.5 for t in stamps)
     assert abs(now - got.pose.stamp_s) <= 0.5
-    # depth 1: every frame is the newest frame received for its view, unless an older one came from
-    # a restarted clock (more than image_staleness_s back), which replaces it
+    # the frames held per view: the newest FRAMES_KEPT received, an older one dropped unless it came
+    # from a restarted clock (more than image_staleness_s back), which replaces them; the set is
+    # anchored on the lagging view's newest frame, the others' newest within slop after it
+    held: dict[str, list[float]] = {v: [] for v in VIEWS}
+    for n, t in events:
+        if n in held:
+            h = held[n]
+            if h and t < h[-1]:
+                if h[-1] - t <= 0.5:
+                    continue
+                h.clear()
+            h.append(t)
+            del h[:-FRAMES_KEPT]
+    anchor = min(held[v][-1] for v in VIEWS)
     for v in VIEWS:
-        held = None
-        for n, t in events:
-            if n == v and (held is None or t >= held or held - t > 0.5):
-                held = t
-        assert got.frames[v].stamp_s == held
+        fitting = [t for t in held[v] if t <= anchor + 0.05]
+        assert got.frames[v].stamp_s == (fitting[-1] if fitting else held[v][-1])
     s.consume(got)
     assert s.poll(now) is None
 
