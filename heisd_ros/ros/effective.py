@@ -22,7 +22,9 @@ node sets them at configure; any other change is refused."""
 
 
 def effective_values(decoder: DecoderConfig) -> dict[str, Any]:
-    """'effective.decoder.<field>' -> value of every decoder field of `decoder`."""
+    """'effective.decoder.<field>' -> value of every decoder field of `decoder`, of the parameter's
+    type: a point file's JSON may write a float field as an integer (`"tau": 0`), and a double
+    parameter set to 0 is refused by rclpy (a second configure failed on it)."""
     out: dict[str, Any] = {}
     for spec in param_specs():
         if spec.group != "decoder.":
@@ -30,6 +32,10 @@ def effective_values(decoder: DecoderConfig) -> dict[str, Any]:
         obj: Any = decoder
         for key in spec.path:
             obj = getattr(obj, key)
+        if spec.kind == "float":
+            obj = float(obj)
+        elif spec.kind == "float_array":
+            obj = [float(x) for x in obj]
         out[EFFECTIVE_PREFIX + spec.name] = list(obj) if isinstance(obj, tuple) else obj
     return out
 

@@ -92,6 +92,26 @@ def test_the_real_files_load(ctx, files):
         node.destroy_node()
 
 
+def test_a_point_file_with_integer_floats_configures_again(ctx, files, tmp_path):
+    """A point file writes `"tau": 0` (JSON has no float type): every configure shows it as the
+    double 0.0 (the second configure once failed: rclpy refuses an int for a double parameter)."""
+    from lifecycle_msgs.msg import Transition
+
+    root = _copy(files, tmp_path)
+    (root / "calibration.json").write_text('{"fused_metric": {"tau": 0, "r_p95_m": 10}, "verify_skip": {"enabled": false}}')
+    node = _start(ctx, "int_floats", **_params(root))
+    try:
+        for _ in range(2):
+            assert node.trigger_deactivate().value == Transition.TRANSITION_CALLBACK_SUCCESS
+            assert node.trigger_cleanup().value == Transition.TRANSITION_CALLBACK_SUCCESS
+            assert node.trigger_configure().value == Transition.TRANSITION_CALLBACK_SUCCESS, node.configure_error
+            assert node.trigger_activate().value == Transition.TRANSITION_CALLBACK_SUCCESS
+        assert node.get_parameter("effective.decoder.fused_metric.tau").value == 0.0
+        assert node.get_parameter("effective.decoder.fused_metric.tau").type_ == Parameter.Type.DOUBLE
+    finally:
+        node.destroy_node()
+
+
 def _corrupt(path: Path) -> None:
     path.write_bytes(b"\x00garbage" * 8)
 
