@@ -22,7 +22,7 @@ SIZE = (8, 8)
 STALENESS_S = 0.6
 
 
-CLIENT_QUEUE_DEPTH = 200
+CLIENT_QUEUE_DEPTH = 1000
 """Requests and responses the rig's service and action clients queue (bursts in the tests)."""
 
 class NodeRig:
@@ -147,8 +147,8 @@ class NodeRig:
             self.clients = {
                 "enable": n.create_client(SetBool, f"/{name}/enable", qos_profile=q),
                 "reset": n.create_client(Trigger, f"/{name}/reset", qos_profile=q),
-                "change_state": n.create_client(ChangeState, f"/{name}/change_state"),
-                "get_state": n.create_client(GetState, f"/{name}/get_state"),
+                "change_state": n.create_client(ChangeState, f"/{name}/change_state", qos_profile=q),
+                "get_state": n.create_client(GetState, f"/{name}/get_state", qos_profile=q),
                 "run_task": ActionClient(n, RunTask, f"/{name}/run_task", goal_service_qos_profile=q,
                                          result_service_qos_profile=q, cancel_service_qos_profile=q),
             }  # fmt: skip

@@ -23,15 +23,27 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+from lifecycle_msgs.msg import Transition
 from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
 
 from heisd_ros.core.errors import HeisdError, ModelLoadError
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.core.types import Observation
 from heisd_ros.ros.input_limits import model_input
+from heisd_ros.ros.lifecycle_services import ERROR as ERROR_OUTCOME
+from heisd_ros.ros.lifecycle_services import FAILURE, SUCCESS
 from heisd_ros.ros.params import PolicyNodeConfig
 from heisd_ros.ros.worker import describe
 
+OUTCOMES = {TransitionCallbackReturn.SUCCESS.value: SUCCESS, TransitionCallbackReturn.FAILURE.value: FAILURE}
+"""TransitionCallbackReturn -> the outcome lifecycle_services counts (anything else is an error)."""
+RCLPY_TRIGGERS = {Transition.TRANSITION_CONFIGURE: LifecycleNodeMixin.trigger_configure,
+                  Transition.TRANSITION_CLEANUP: LifecycleNodeMixin.trigger_cleanup,
+                  Transition.TRANSITION_ACTIVATE: LifecycleNodeMixin.trigger_activate,
+                  Transition.TRANSITION_DEACTIVATE: LifecycleNodeMixin.trigger_deactivate,
+                  **dict.fromkeys((Transition.TRANSITION_UNCONFIGURED_SHUTDOWN, Transition.TRANSITION_INACTIVE_SHUTDOWN,
+                                   Transition.TRANSITION_ACTIVE_SHUTDOWN), LifecycleNodeMixin.trigger_shutdown)}
+"""rclpy's public trigger of each transition (it runs the node's on_* callback)."""
 WARMUP_INSTRUCTION = "pick up the object"
 """The warm-up's instruction when the node names no task and the database lists none."""
 WARMUP_STEP_M = 0.1
@@ -133,19 +145,48 @@ class ManagedPolicy:
     startup_error: BaseException | None = None
     """Why an autostart run beside the executor failed (the process exits 1 with it); None otherwise."""
 
-    def _LifecycleNodeMixin__change_state(self, transition_id: int) -> TransitionCallbackReturn:  # noqa: N802
-        """A transition the current state does not offer is refused with a warning and the reason;
-        rclpy's own path logs it as an ERROR of the node ("Unable to start transition"), but a
-        wrong request is the caller's mistake, not the node's fault. (Overrides the name-mangled
-        private method of rclpy's LifecycleNodeMixin that both ~/change_state and trigger_* use.)"""
-        _, label = self._state_machine.current_state
-        offered = {t[0]: t[1] for t in self._state_machine.available_transitions}
-        if transition_id not in offered:
-            self.get_logger().warning(
-                f"lifecycle request refused: transition {transition_id} is not available from state '{label}' "
-                f"(available: {', '.join(offered.values()) or 'none'})")  # fmt: skip
+    # The transitions, through rclpy's public trigger_* (which run the on_* callbacks below), one
+    # at a time, with the state kept in `lifecycle_states` for the node's own lifecycle services.
+    def trigger_configure(self) -> TransitionCallbackReturn:
+        return self._take(Transition.TRANSITION_CONFIGURE)
+
+    def trigger_cleanup(self) -> TransitionCallbackReturn:
+        return self._take(Transition.TRANSITION_CLEANUP)
+
+    def trigger_activate(self) -> TransitionCallbackReturn:
+        return self._take(Transition.TRANSITION_ACTIVATE)
+
+    def trigger_deactivate(self) -> TransitionCallbackReturn:
+        return self._take(Transition.TRANSITION_DEACTIVATE)
+
+    def trigger_shutdown(self) -> TransitionCallbackReturn:
+        by_state = {"unconfigured": Transition.TRANSITION_UNCONFIGURED_SHUTDOWN,
+                    "inactive": Transition.TRANSITION_INACTIVE_SHUTDOWN}  # fmt: skip
+        return self._take(by_state.get(self.lifecycle_states.label, Transition.TRANSITION_ACTIVE_SHUTDOWN))
+
+    def _on_change_state(self, transition_id: int) -> bool:
+        """~/change_state: whether the transition was taken and succeeded."""
+        if transition_id not in RCLPY_TRIGGERS:
+            self.get_logger().warning(f"lifecycle request refused: unknown transition {transition_id}")
+            return False
+        return self._take(transition_id) == TransitionCallbackReturn.SUCCESS
+
+    def _take(self, transition_id: int) -> TransitionCallbackReturn:
+        """A refused request (not offered by the state, or another transition running) is a warning
+        with the reason and ERROR, the caller's mistake rather than a fault of the node."""
+        states = self.lifecycle_states
+        code: list = [TransitionCallbackReturn.ERROR]
+
+        def callback() -> str:
+            code[0] = RCLPY_TRIGGERS[transition_id](self)
+            return OUTCOMES.get(code[0].value, ERROR_OUTCOME)
+
+        why = states.refusal(transition_id) or (
+            f"lifecycle request refused: a transition is running (state '{states.label}')" if states.transition_running else "")
+        if why or not states.run(transition_id, callback):
+            self.get_logger().warning(why or f"lifecycle request refused: a transition is running (state '{states.label}')")
             return TransitionCallbackReturn.ERROR
-        return LifecycleNodeMixin._LifecycleNodeMixin__change_state(self, transition_id)
+        return code[0]
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         n = self.cfg.node

@@ -53,6 +53,7 @@ from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
 from heisd_ros.ros.effective import EFFECTIVE_PREFIX, show_effective
 from heisd_ros.ros.input_limits import check_instruction, model_input
 from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
+from heisd_ros.ros.lifecycle_services import LifecycleInterface, LifecycleStates
 from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
 from heisd_ros.ros.node_main import run
 from heisd_ros.ros.outputs import CommandOutputs
@@ -91,9 +92,12 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
     def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Decoder] | None = None,
                  node_name: str = "policy_node", autostart_in_background: bool = False,
                  **node_kwargs: Any) -> None:  # fmt: skip
-        # parameter services of our own, which answer a request rclpy's leave unanswered (param_services)
-        LifecycleNode.__init__(self, node_name, **{**node_kwargs, "start_parameter_services": False})
+        # parameter and lifecycle services of our own, which answer requests rclpy's leave unanswered
+        # (param_services, lifecycle_services)
+        LifecycleNode.__init__(self, node_name, enable_communication_interface=False,
+                               **{**node_kwargs, "start_parameter_services": False})
         self._parameter_services = ParameterServices(self)
+        self.lifecycle_states = LifecycleStates()
         self._autostart_pending = False
         self._autostarting = threading.Event()  # set while an autostart runs beside the executor
         self._session: Session | None = None
@@ -112,8 +116,9 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             self._inputs_lock = threading.Lock()
             self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
             self._task = TaskControl(self, lambda: self.cfg.node, self._now_s, self._task_problem)
-            self._enable_service = self.create_service(SetBool, "~/enable", self._on_enable,
-                                                       qos_profile=request_qos(self.cfg.node.request_queue_depth))
+            requests = request_qos(self.cfg.node.request_queue_depth)
+            self._enable_service = self.create_service(SetBool, "~/enable", self._on_enable, qos_profile=requests)
+            self._lifecycle = LifecycleInterface(self, self.lifecycle_states, self._on_change_state, requests)
             self.add_on_set_parameters_callback(self._on_set_parameters)
             self._warn_store_timeout()
             if self.cfg.node.autostart and autostart_in_background:

@@ -106,9 +106,10 @@ class NodeConfig:
     goal_result_retention_s: float = 600.0
     """How long a finished ~/run_task goal's result stays available to get_result, s (rclpy's 10 s
     would answer UNKNOWN to a client that reads results after a slow episode)."""
-    request_queue_depth: int = 100
-    """Requests queued per service of the node and of ~/run_task before the middleware drops one: a
-    burst of up to this many gets an answer each (the middleware's 10 leaves the rest unanswered)."""
+    request_queue_depth: int = 1000
+    """Requests queued per service of the node (lifecycle, ~/enable, ~/reset) and of ~/run_task before
+    the middleware drops one: a burst of up to this many gets an answer each (the middleware's 10
+    leaves the rest unanswered; ROS's parameter services queue 1000 too)."""
     after_episode: str = "stop"
     """What follows the end of an episode (an episode_result, ~/reset): 'stop' commands nothing until
     a new ~/run_task goal or instruction arrives; 'continue' starts a new episode with the same

@@ -105,9 +105,12 @@ def test_a_goal_over_the_models_token_limit_is_rejected_at_goal_time(rig):
 
 
 def test_a_burst_of_requests_gets_an_answer_for_each(rig):
-    """60 goals sent at once, then 60 ~/reset calls at once: every request is answered (a goal
-    accepted or rejected, a reset with its response), none left waiting; the middleware's default
-    depth of 10 left most of such a burst unanswered."""
+    """Bursts sent at once, each request answered (a goal accepted or rejected, a cancel, a reset,
+    a lifecycle request with its response), none left waiting: 60 goals, 400 cancels of the running
+    goal, 60 ~/reset calls, 100 get_state and 50 change_state requests the state refuses. The
+    middleware's default depth of 10 left most of such bursts unanswered (10 of 60 goals, 17-28 of
+    400 cancels, 30 of 150 lifecycle requests)."""
+    from lifecycle_msgs.srv import ChangeState, GetState
     from std_srvs.srv import Trigger
 
     policy = rig.start()
@@ -118,11 +121,22 @@ def test_a_burst_of_requests_gets_an_answer_for_each(rig):
         assert rig.wait(lambda: all(g.done() for g in goals), 20.0), \
             f"{sum(g.done() for g in goals)} of 60 goals answered"  # fmt: skip
         assert all(g.result().accepted for g in goals)  # each preempts the one before
+        cancels = [goals[-1].result().cancel_goal_async() for _ in range(400)]
+        assert rig.wait(lambda: all(c.done() for c in cancels), 30.0), \
+            f"{sum(c.done() for c in cancels)} of 400 cancels answered"  # fmt: skip
         reset = rig.clients["reset"]
         assert reset.wait_for_service(timeout_sec=5.0)
         calls = [reset.call_async(Trigger.Request()) for _ in range(60)]
         assert rig.wait(lambda: all(c.done() for c in calls), 20.0), \
             f"{sum(c.done() for c in calls)} of 60 resets answered"  # fmt: skip
+        refused = ChangeState.Request()
+        refused.transition.id = 1  # configure, while active
+        lifecycle = [rig.clients["get_state"].call_async(GetState.Request()) for _ in range(100)]
+        lifecycle += [rig.clients["change_state"].call_async(refused) for _ in range(50)]
+        assert rig.wait(lambda: all(c.done() for c in lifecycle), 30.0), \
+            f"{sum(c.done() for c in lifecycle)} of 150 lifecycle requests answered"  # fmt: skip
+        assert {c.result().current_state.label for c in lifecycle[:100]} == {"active"}
+        assert not any(c.result().success for c in lifecycle[100:])
     finally:
         rig.stop()
 

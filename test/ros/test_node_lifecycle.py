@@ -103,6 +103,49 @@ def test_autostart_false_stays_unconfigured_until_configured_and_activated(rig):
         rig.stop()
 
 
+def test_the_lifecycle_interface_answers_as_rclpys_does(rig):
+    """The node's own lifecycle services (deep queues): the transitions a state offers, the whole
+    graph, transitions by label, and (rcl's) TransitionEvent for each state change."""
+    from lifecycle_msgs.msg import TransitionEvent
+    from lifecycle_msgs.srv import GetAvailableStates, GetAvailableTransitions
+
+    policy = rig.start(autostart=False)
+    name = policy.get_name()
+    events = []
+    rig.on_executor(lambda: rig.node.create_subscription(TransitionEvent, f"/{name}/transition_event", events.append, 10))
+    clients = {}
+    rig.on_executor(lambda: clients.update(
+        available=rig.node.create_client(GetAvailableTransitions, f"/{name}/get_available_transitions"),
+        graph=rig.node.create_client(GetAvailableTransitions, f"/{name}/get_transition_graph"),
+        states=rig.node.create_client(GetAvailableStates, f"/{name}/get_available_states")))
+    try:
+        for c in clients.values():
+            assert c.wait_for_service(timeout_sec=5.0)
+        assert rig.wait(lambda: rig.node.count_publishers(f"/{name}/transition_event") > 0, 5.0)
+        time.sleep(0.5)  # the subscription matched on both ends
+
+        def ask(key, request):
+            fut = clients[key].call_async(request)
+            assert rig.wait(fut.done, 5.0)
+            return fut.result()
+
+        offered = ask("available", GetAvailableTransitions.Request()).available_transitions
+        assert sorted(t.transition.label for t in offered) == ["configure", "shutdown"]
+        assert {t.goal_state.label for t in offered} == {"inactive", "finalized"}
+        assert len(ask("graph", GetAvailableTransitions.Request()).available_transitions) == 7
+        assert {"unconfigured", "configuring", "active", "errorprocessing"} <= {
+            s.label for s in ask("states", GetAvailableStates.Request()).available_states}
+        by_label = ChangeState.Request()
+        by_label.transition.label = "configure"
+        assert rig.call("change_state", by_label).success and _state(rig) == "inactive"
+        assert not rig.call("change_state", by_label).success  # not offered by inactive
+        assert rig.wait(lambda: [(e.start_state.label, e.goal_state.label) for e in events] ==
+                        [("unconfigured", "configuring"), ("configuring", "inactive")], 5.0), \
+            [(e.start_state.label, e.goal_state.label) for e in events]
+    finally:
+        rig.stop()
+
+
 def test_autostart_configures_and_activates(rig):
     rig.start()
     try:
@@ -122,7 +165,7 @@ def test_configure_fails_with_the_reason_for_a_bad_model_dir(rig, tmp_path, monk
     try:
         assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
         assert "is not a directory" in node.configure_error and str(tmp_path / "missing") in node.configure_error
-        assert node._state_machine.current_state[1] == "unconfigured" and node._session is None
+        assert node.lifecycle_states.label == "unconfigured" and node._session is None
     finally:
         node.destroy_node()
     (tmp_path / "empty").mkdir()
@@ -210,7 +253,7 @@ def test_cleanup_releases_everything_and_configure_loads_again(rig):
         rig.instruct(TASK)
         assert rig.acted(rig.publish_set()) and rig.decoder.steps == 1
         assert rig.on_executor(policy.trigger_shutdown) == TransitionCallbackReturn.SUCCESS
-        assert policy._state_machine.current_state[0] == State.PRIMARY_STATE_FINALIZED and rig.decoder.closed
+        assert policy.lifecycle_states.current == State.PRIMARY_STATE_FINALIZED and rig.decoder.closed
     finally:
         rig.stop()
 
