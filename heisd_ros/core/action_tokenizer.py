@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from heisd_ros.core.errors import ModelLoadError, UnknownTaskError
+from heisd_ros.core.files import read_json
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX
 
 N_BINS = 256
@@ -109,7 +110,7 @@ class NormStats:
 def load_dataset_statistics(path: str | Path) -> dict[str, NormStats]:
     """Read `dataset_statistics.json` (OpenVLA layout: {unnorm_key: {"action": {q01, q99, mask}}})."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path, ModelLoadError)
     except (OSError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"cannot read dataset statistics {path}: {err}") from err
     if not isinstance(data, dict) or not data:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.files import read_capped_text
 
 METHODS = ("ar", "drafter", "specvla", "retrieval", "heisd")
 """Decoding methods; the baselines are the same engine with switches (docs/design.md §2)."""
@@ -434,9 +435,8 @@ def load_yaml(cls: type[T], path: str | Path, section: str | None = None) -> T:
     import yaml
 
     try:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
-    except (OSError, yaml.YAMLError) as err:
+        data = yaml.safe_load(read_capped_text(path, ConfigError)) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read config {path}: {err}") from err
     if section is not None:
         data = data.get(section, {})

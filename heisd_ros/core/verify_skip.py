@@ -27,7 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from heisd_ros.core.config import VerifySkipConfig
-from heisd_ros.core.errors import InvalidObservationError
+from heisd_ros.core.errors import ConfigError, InvalidObservationError
+from heisd_ros.core.files import read_json
 from heisd_ros.core.types import GRIPPER_INDEX, Hit
 
 log = logging.getLogger(__name__)
@@ -245,7 +246,7 @@ class VerifySkipPolicy:
         if not path.exists():
             return
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path, ConfigError)  # a ValueError: over the cap is ignored as corrupt
             min_s = float(data["min_similarity"])
             max_d = float(data["max_distance_m"])
             base = (float(data["base_min_similarity"]), float(data["base_max_distance_m"]))

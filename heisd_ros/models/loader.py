@@ -18,6 +18,7 @@ from heisd_ros.core.action_tokenizer import (
 )
 from heisd_ros.core.config import from_dict
 from heisd_ros.core.errors import ConfigError, ModelLoadError
+from heisd_ros.core.files import read_json
 from heisd_ros.core.model_api import VLA
 from heisd_ros.models.dtypes import DTYPES
 from heisd_ros.models.packed_linear import pack_decoder_layers
@@ -64,7 +65,7 @@ def _read_config(d: Path) -> dict:
     if not config_path.is_file():
         raise ModelLoadError(f"no config.json in model directory {d}")
     try:
-        meta = json.loads(config_path.read_text())
+        meta = read_json(config_path, ModelLoadError)
     except (OSError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"corrupt model config {config_path}: {err}") from err
     if not isinstance(meta, dict):

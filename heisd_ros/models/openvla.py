@@ -31,6 +31,7 @@ from heisd_ros.core.action_tokenizer import (
     select_stats,
 )
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
+from heisd_ros.core.files import read_json
 from heisd_ros.models.openvla_config import OpenVLAArch, parse_config
 from heisd_ros.models.openvla_processor import ImageTransform, read_tower_inputs
 from heisd_ros.models.openvla_tokenizer import LlamaPromptTokenizer
@@ -184,7 +185,7 @@ def check_checkpoint_dir(directory: Path) -> dict:
     if not (directory / "config.json").is_file():
         raise ModelLoadError(f"OpenVLA checkpoint {directory} lacks config.json")
     try:
-        meta = json.loads((directory / "config.json").read_text())
+        meta = read_json(directory / "config.json", ModelLoadError)
     except (OSError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"corrupt {directory / 'config.json'}: {err}") from err
     if not isinstance(meta, dict):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
+from heisd_ros.core.files import read_json
 from heisd_ros.models.openvla_config import OpenVLAArch
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -60,7 +61,7 @@ def read_tower_inputs(directory: Path, arch: OpenVLAArch) -> list[TowerInput]:
     if not path.is_file():
         return towers
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, ModelLoadError)
     except (OSError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"corrupt {path}: {err}") from err
     n = len(towers)

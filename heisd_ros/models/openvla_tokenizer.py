@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from heisd_ros.core.errors import ModelLoadError
+from heisd_ros.core.files import read_capped_text, read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -42,14 +43,14 @@ class LlamaPromptTokenizer:
             raise ModelLoadError(f"{directory} has no {TOKENIZER_FILE} (every published OpenVLA checkpoint ships "
                                  "one; a tokenizer.model alone is not read)")
         try:
-            self._tok = Tokenizer.from_file(str(path))
+            self._tok = Tokenizer.from_str(read_capped_text(path, ModelLoadError))
         except Exception as err:
             raise ModelLoadError(f"corrupt {path}: {err}") from err
         bos = "<s>"
         config = directory / TOKENIZER_CONFIG
         if config.is_file():
             try:
-                bos = _token_name(json.loads(config.read_text()).get("bos_token"), bos)
+                bos = _token_name(read_json(config, ModelLoadError).get("bos_token"), bos)
             except (OSError, json.JSONDecodeError, AttributeError) as err:
                 raise ModelLoadError(f"corrupt {config}: {err}") from err
         bos_id = self._tok.token_to_id(bos)

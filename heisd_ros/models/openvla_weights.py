@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from heisd_ros.core.errors import ModelLoadError
+from heisd_ros.core.files import read_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -53,7 +54,7 @@ def empty_model(build):
 
 def _read_index(path: Path) -> dict[str, str]:
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, ModelLoadError)
         weight_map = data["weight_map"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise ModelLoadError(f"corrupt {path}: {err}") from err

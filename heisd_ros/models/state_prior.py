@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
+from heisd_ros.core.files import read_json
 
 N_BINS = 256
 ACTION_DIM = 7
@@ -126,7 +127,7 @@ def load_state_prior(directory: str | Path) -> StatePrior | None:
     if not (d / CONFIG_FILE).is_file():
         return None
     try:
-        meta = json.loads((d / CONFIG_FILE).read_text())
+        meta = read_json(d / CONFIG_FILE, ModelLoadError)
         prior = StatePrior(StatePriorConfig(**meta["config"]), meta["tasks"], np.array(meta["mean"]), np.array(meta["std"]))
         state = {k: v.float() for k, v in load_file(str(d / WEIGHTS_FILE)).items()}
         prior.load_state_dict(state, strict=True)

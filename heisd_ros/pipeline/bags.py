@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from heisd_ros.core.errors import BagError, ConfigError, HeisdError, InvalidObservationError
+from heisd_ros.core.files import check_size, read_capped_text
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.pipeline.mcap_check import check_mcap
 
@@ -42,6 +43,8 @@ ARM_COMMAND = "heisd_ros/msg/ArmCommand"
 DECODE_STATS = "heisd_ros/msg/DecodeStats"
 STORAGES = ("mcap", "sqlite3")
 """rosbag2 storage plugins a bag can be written with (both can be read)."""
+METADATA = "metadata.yaml"
+"""A rosbag2 directory's description of its topics and storage files (read whole, by rosbags too)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ def read_messages(path: str | Path, topics: Iterable[str] | None = None,
         raise BagError(f"bag {path} not found (a rosbag2 directory)")
     for storage in sorted(path.glob("*.mcap")):
         check_mcap(storage)  # sizes the file claims, before rosbags allocates them
+    if (path / METADATA).is_file():
+        check_size(path / METADATA, BagError)  # rosbags reads it whole
     try:
         with AnyReader([path], default_typestore=typestore()) as reader:
             conns = [c for c in reader.connections if (wanted_topics is None or c.topic in wanted_topics)
@@ -190,7 +195,7 @@ def _topic_metadata(path: str | Path, field: str, convert: Any) -> dict[str, Any
 
     path = Path(path)
     try:
-        meta = yaml.safe_load((path / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+        meta = yaml.safe_load(read_capped_text(path / METADATA, BagError))["rosbag2_bagfile_information"]
         out = {}
         for e in meta["topics_with_message_count"] or []:
             value = e[field] if field in e else e["topic_metadata"][field]

@@ -36,6 +36,7 @@ from heisd_ros.core.config import (
     to_dict,
 )
 from heisd_ros.core.errors import CalibrationError, ConfigError
+from heisd_ros.core.files import read_json
 from heisd_ros.core.kinematics import FusedMetric, fit_normalisation
 from heisd_ros.pipeline.closed_loop import f_summary, fused_values
 from heisd_ros.core.verify_skip import calibrate_thresholds
@@ -359,7 +360,7 @@ def apply_calibration(cfg: DecoderConfig, path: str | Path | None) -> DecoderCon
     if not path:
         return cfg
     try:
-        return apply_point(cfg, json.loads(Path(path).read_text()))
+        return apply_point(cfg, read_json(path, CalibrationError))
     except (OSError, json.JSONDecodeError, TypeError, ConfigError, AttributeError) as err:
         raise CalibrationError(f"operating-point file {path} unusable: {err}") from err
 

@@ -10,14 +10,21 @@ reader loads arrays from it:
 - actions and end-effector positions are finite;
 - nothing points outside the file (external links, virtual datasets) and only the built-in
   filters are used (gzip, lzf, shuffle, fletcher32; no plugin is loaded to read it);
-- sizes stay within stated limits (steps per demo, image pixels).
+- sizes stay within stated limits (steps per demo, image pixels);
+- no dataset anywhere in the file declares more than `MAX_DATASET_BYTES` (its shape times its item
+  size, and its chunk shape times its item size): HDF5 lets a file of kilobytes declare a dataset
+  of terabytes (chunks never written read as the fill value), and reading it allocates what it
+  declares, so a damaged or hostile file would end in MemoryError, or swap, instead of an error.
 
-Raises DataFileError naming the file and the offending group or dataset. Readers
-(heisd_ros.pipeline.episodes, heisd_ros.sim.recorder) call it once per file.
+Raises DataFileError naming the file and the offending group or dataset. `scan_hdf5`
+(heisd_ros.pipeline.episodes) calls it once per file; the readers (`load_hdf5_episode`,
+heisd_ros.sim.recorder's `read_hdf5_demos`) read every dataset through `read_dataset`, which checks
+its declared size again (the file may have changed since it was scanned).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +40,11 @@ HDF5_IMAGE_KEYS = ("agentview_rgb", "eye_in_hand_rgb")
 MAX_STEPS_PER_DEMO = 100_000
 MAX_IMAGE_PIXELS = 4096 * 4096
 SAFE_FILTERS = {None, "gzip", "lzf"}
+MAX_DATASET_BYTES = 2 << 30
+"""Largest dataset (and chunk) accepted, by declared shape times item size: 2 GiB. A demo's image
+stream is the largest dataset: LIBERO's are about 15 MB (300 frames of 128x128 RGB); 2 GiB holds
+10,900 frames of 256x256 RGB (9 minutes at 20 Hz). An episode's read holds one dataset per view
+and a few small ones, so a few times this at most."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,32 @@ def _fail(path: Path, where: str, why: str) -> DataFileError:
     return DataFileError(f"{path}:{where}: {why}" if where else f"{path}: {why}")
 
 
-def _walk_links(path: Path, group: Any, prefix: str) -> None:
-    """Reject external and soft links anywhere in the file (they can point at other files)."""
+def declared_bytes(ds: Any) -> int:
+    """What reading `ds` allocates by its own declaration: its shape, or one chunk (read and
+    decompressed whole even for one element), whichever is larger, times its item size."""
+    chunk = math.prod(ds.chunks) if ds.chunks else 0
+    return ds.dtype.itemsize * max(math.prod(ds.shape or ()), chunk)
+
+
+def check_dataset_size(path: Path, ds: Any, where: str) -> None:
+    """DataFileError naming the file and dataset when `ds` declares more than MAX_DATASET_BYTES."""
+    size = declared_bytes(ds)
+    if size > MAX_DATASET_BYTES:
+        raise _fail(path, where, f"declares {size} bytes (shape {ds.shape}, chunks {ds.chunks}, {ds.dtype}), more "
+                                 f"than the {MAX_DATASET_BYTES} a dataset may have (a damaged file)")
+
+
+def read_dataset(path: str | Path, group: Any, key: str) -> np.ndarray:
+    """The whole dataset `group[key]`, its declared size checked first (`check_dataset_size`).
+    KeyError where there is no such dataset, as `group[key]` raises it."""
+    ds = group[key]
+    check_dataset_size(Path(path), ds, f"{group.name}/{key}")
+    return ds[()]
+
+
+def _walk(path: Path, group: Any, prefix: str) -> None:
+    """Reject external and soft links anywhere in the file (they can point at other files), and
+    datasets that declare more than MAX_DATASET_BYTES."""
     import h5py
 
     for name in group:
@@ -59,7 +95,9 @@ def _walk_links(path: Path, group: Any, prefix: str) -> None:
             raise _fail(path, where, f"{type(link).__name__} (only plain datasets and groups are accepted)")
         item = group.get(name)
         if isinstance(item, h5py.Group):
-            _walk_links(path, item, where)
+            _walk(path, item, where)
+        elif isinstance(item, h5py.Dataset):
+            check_dataset_size(path, item, where)
 
 
 def _dataset(path: Path, group: Any, key: str, where: str, ndim: int, tail: tuple, kind: str) -> Any:
@@ -112,7 +150,7 @@ def _check_open(path: Path, f: Any, require_instruction: bool, image_keys: tuple
     data = f.get("data")
     if not isinstance(data, h5py.Group):
         raise _fail(path, "", "no 'data' group (not a LIBERO-layout demonstration file)")
-    _walk_links(path, f, "")
+    _walk(path, f, "")
     instruction = data.attrs.get("instruction", "")
     instruction = instruction.decode(errors="replace") if isinstance(instruction, bytes) else str(instruction)
     if require_instruction and not instruction.strip():

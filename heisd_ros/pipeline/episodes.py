@@ -23,7 +23,7 @@ import numpy as np
 
 from heisd_ros.core.errors import DataFileError
 from heisd_ros.pipeline.action_convention import DemoDataError
-from heisd_ros.pipeline.data_checks import check_demo_hdf5
+from heisd_ros.pipeline.data_checks import check_demo_hdf5, read_dataset
 from heisd_ros.pipeline.demo_episode import EPISODES_PER_TASK, HDF5_KEYS, VIEWS, DemoEpisode, EpisodeRef
 
 __all__ = ["EPISODES_PER_TASK", "HDF5_KEYS", "VIEWS", "DemoEpisode", "EpisodeRef", "load_episode", "scan_hdf5",
@@ -102,17 +102,24 @@ def scan_hdf5(demos: str | Path, tasks: Iterable[int] | None = None) -> list[Epi
 
 
 def load_hdf5_episode(ref: EpisodeRef, with_images: bool = True) -> DemoEpisode:
+    """The episode `ref` names, every dataset's declared size checked as it is read."""
     import h5py
 
     try:
         with h5py.File(ref.path, "r") as f:
             g = f["data"][ref.demo]
-            images = {v: g[f"obs/{k}"][()] for v, k in HDF5_KEYS.items()} if with_images else {}
-            success = bool(g["dones"][-1]) if "dones" in g else True
-            fingers = g["obs/gripper_states"][()].astype(np.float64) if "obs/gripper_states" in g else None
+
+            def read(key: str) -> np.ndarray:
+                return read_dataset(ref.path, g, key)
+
+            images = {v: read(f"obs/{k}") for v, k in HDF5_KEYS.items()} if with_images else {}
+            success = bool(read("dones")[-1]) if "dones" in g else True
+            fingers = read("obs/gripper_states").astype(np.float64) if "obs/gripper_states" in g else None
             return DemoEpisode(ref.dataset, ref.task, ref.task, ref.episode, f"{ref.path}:{ref.demo}",
-                               g["actions"][()].astype(np.float64), g["obs/ee_pos"][()].astype(np.float64),
+                               read("actions").astype(np.float64), read("obs/ee_pos").astype(np.float64),
                                images, success, fingers)
+    except DataFileError as err:
+        raise DemoDataError(str(err)) from err
     except (OSError, KeyError) as err:
         raise DemoDataError(f"cannot read {ref.path}:{ref.demo}: {err}") from err
 

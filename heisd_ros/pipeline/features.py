@@ -30,6 +30,8 @@ import torch
 
 from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.engine import embed_views, prompt_patches
+from heisd_ros.core.errors import ModelLoadError
+from heisd_ros.core.files import read_json
 from heisd_ros.core.model_api import ActionPrior
 from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.models.openvla_weights import INDEX_FILE as SHARD_INDEX
@@ -219,7 +221,10 @@ def held_out_sources(model_dir: str | Path) -> set[str]:
     log_path = Path(model_dir) / "train_log.json"
     if not log_path.is_file():
         return set()
-    return set(json.loads(log_path.read_text()).get("episodes", {}).get("held_out_sources", []))
+    try:
+        return set(read_json(log_path, ModelLoadError).get("episodes", {}).get("held_out_sources", []))
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError) as err:
+        raise ModelLoadError(f"corrupt training log {log_path}: {err}") from err
 
 
 def held_out_split(refs: Sequence[EpisodeRef], model_dir: str | Path, val_fraction: float, seed: int):
@@ -265,7 +270,7 @@ def model_digest(model_dir: str | Path) -> str:
         if (d / name).is_file():
             hash_file(d / name, h)
     if (d / SHARD_INDEX).is_file():
-        shards = json.loads((d / SHARD_INDEX).read_text()).get("weight_map", {}).values()
+        shards = read_json(d / SHARD_INDEX, ModelLoadError).get("weight_map", {}).values()
         for name in sorted(set(shards)):
             hash_file(d / name, h)
     return h.hexdigest()[:16]

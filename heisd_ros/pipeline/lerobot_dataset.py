@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from heisd_ros.core.files import parse_json, read_capped_text, read_json
 from heisd_ros.pipeline.action_convention import ActionConvention, DemoDataError
 from heisd_ros.pipeline.demo_episode import VIEWS, DemoEpisode, EpisodeRef
 
@@ -127,7 +128,7 @@ class LeRobotLayout:
         self.root = Path(root)
         info_path = self.root / "meta" / "info.json"
         try:
-            info = json.loads(info_path.read_text())
+            info = read_json(info_path, DemoDataError)
         except (OSError, json.JSONDecodeError) as err:
             raise DemoDataError(f"{info_path}: not a LeRobot dataset ({err})") from err
         self.version = str(info.get("codebase_version", ""))
@@ -221,8 +222,8 @@ def _cached_layout(root: str, info_mtime_ns: int) -> LeRobotLayout:
 
 def _jsonl(path: Path) -> list[dict]:
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
+        return [parse_json(line) for line in read_capped_text(path, DemoDataError).splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DemoDataError(f"cannot read {path}: {err}") from err
 
 

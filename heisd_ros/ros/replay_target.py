@@ -42,11 +42,13 @@ def load_node_config(params_file: str | Path | None, overrides: Mapping[str, Any
     (use_sim_time, QoS overrides) are left out. No file: the defaults plus the overrides."""
     import yaml
 
+    from heisd_ros.core.files import read_capped_text
+
     doc: Any = {}
     if params_file is not None:
         try:
-            doc = yaml.safe_load(Path(params_file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
+            doc = yaml.safe_load(read_capped_text(params_file, ConfigError)) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise ConfigError(f"cannot read parameter file {params_file}: {err}") from err
     full = normalise_namespace(namespace).rstrip("/") + "/" + node_name
     values: dict[str, Any] = {}

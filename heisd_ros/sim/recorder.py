@@ -20,6 +20,7 @@ in `heisd_ros.pipeline.bags`.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from heisd_ros.core.errors import HeisdError
+from heisd_ros.core.errors import DataFileError, HeisdError
 from heisd_ros.pipeline.bags import (
     ARM_COMMAND, BOOL, IMAGE, JOINT_STATE, NS_PER_S, POSE, STRING, BagError, BagTopics, BagWriter,
     arm_command_msg, header, image_msg, joint_state_msg, pose_msg,
 )
+from heisd_ros.pipeline.data_checks import read_dataset
 from heisd_ros.sim.expert import rotation_error
 
 HDF5_VIEWS: dict[str, str] = {"agentview": "agentview_rgb", "wrist": "eye_in_hand_rgb"}
@@ -175,31 +177,39 @@ class Hdf5DemoWriter:
 
 
 def read_hdf5_demos(path: Path, with_images: bool = True) -> tuple[dict[str, Any], list[Episode]]:
-    """(file attributes, episodes in demo order) of a LIBERO-layout HDF5 file."""
+    """(file attributes, episodes in demo order) of a LIBERO-layout HDF5 file; every dataset's
+    declared size is checked before it is read (`read_dataset`)."""
     import h5py
 
     try:
         f = h5py.File(path, "r")
     except OSError as err:
         raise DemoFileError(f"cannot read {path}: {err}") from err
-    with f:
-        data = f["data"]
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in data.attrs.items()}
-        instruction = str(attrs.get("instruction", ""))
-        names = sorted(data.keys(), key=lambda n: int(n.split("_")[1]))
-        episodes = []
-        for name in names:
-            g = data[name]
-            robot = g["robot_states"][()]
-            ee_rot = _rotations_from_axis_angle(g["obs/ee_ori"][()])
-            images = {v: g[f"obs/{k}"][()] for v, k in HDF5_VIEWS.items() if with_images and f"obs/{k}" in g}
-            episodes.append(Episode(
-                actions=g["actions"][()], ee_pos=g["obs/ee_pos"][()], ee_quat=robot[:, 5:9], ee_rot=ee_rot,
-                gripper_qpos=g["obs/gripper_states"][()], joint_pos=g["obs/joint_states"][()], states=g["states"][()],
-                images=images, instruction=instruction, success=bool(g["dones"][-1]),
-                init_state_index=int(g.attrs["init_state_index"]), variant=int(g.attrs["variant"]),
-                seed=int(g.attrs["seed"]), perturb_xy_m=float(g.attrs["perturb_xy_m"]),
-            ))
+    try:
+        with f:
+            return _read_open(path, f, with_images)
+    except DataFileError as err:
+        raise DemoFileError(str(err)) from err
+
+
+def _read_open(path: Path, f: Any, with_images: bool) -> tuple[dict[str, Any], list[Episode]]:
+    data = f["data"]
+    attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in data.attrs.items()}
+    instruction = str(attrs.get("instruction", ""))
+    names = sorted(data.keys(), key=lambda n: int(n.split("_")[1]))
+    episodes = []
+    for name in names:
+        g = data[name]
+        read = functools.partial(read_dataset, path, g)
+        robot = read("robot_states")
+        images = {v: read(f"obs/{k}") for v, k in HDF5_VIEWS.items() if with_images and f"obs/{k}" in g}
+        episodes.append(Episode(
+            actions=read("actions"), ee_pos=read("obs/ee_pos"), ee_quat=robot[:, 5:9],
+            ee_rot=_rotations_from_axis_angle(read("obs/ee_ori")), gripper_qpos=read("obs/gripper_states"),
+            joint_pos=read("obs/joint_states"), states=read("states"), images=images, instruction=instruction,
+            success=bool(read("dones")[-1]), init_state_index=int(g.attrs["init_state_index"]),
+            variant=int(g.attrs["variant"]), seed=int(g.attrs["seed"]), perturb_xy_m=float(g.attrs["perturb_xy_m"]),
+        ))
     return attrs, episodes
 
 

@@ -30,6 +30,7 @@ from heisd_ros.core.errors import (
     DatabaseUnavailableError,
     HeisdError,
 )
+from heisd_ros.core.files import parse_json, read_capped_bytes, read_json
 from heisd_ros.core.types import Hit
 from heisd_ros.store.base import StoreBase
 from heisd_ros.store.schema import (
@@ -121,8 +122,8 @@ def _load(shard_dir: Path, search_threads: int, obs_dim: int, feat_dim: int) -> 
     where = str(shard_dir)
     path = shard_dir / EDGE_CONFIG_FILE
     try:
-        before = path.read_bytes()
-        stored = json.loads(before)
+        before = read_capped_bytes(path, DatabaseUnavailableError)
+        stored = parse_json(before)
         if stored.get("max_search_threads") == (search_threads or None):
             return qe.EdgeShard.load(where)
         hnsw, feat = stored["hnsw_config"], stored["vectors"][FEAT]
@@ -138,7 +139,8 @@ def _load(shard_dir: Path, search_threads: int, obs_dim: int, feat_dim: int) -> 
             raise
         return _stored_pool(where, f"loading with its configuration read back failed ({err})")
     try:
-        changed = _changed(stored, json.loads(path.read_bytes()))
+        # a file Edge wrote past the cap counts as changed (ValueError, caught below): the old one goes back
+        changed = _changed(stored, parse_json(read_capped_bytes(path, ValueError)))
     except (OSError, ValueError) as err:
         changed = f"unreadable after loading ({err!r})"
     if changed:
@@ -172,7 +174,7 @@ def _stored_pool(where: str, why: str) -> qe.EdgeShard:
 def _restore(path: Path, content: bytes) -> None:
     """Put `content` back as the file, atomically (a crash leaves the old or the new file, whole)."""
     try:
-        if path.read_bytes() == content:
+        if path.stat().st_size == len(content) and path.read_bytes() == content:
             return
     except OSError:
         pass
@@ -190,7 +192,7 @@ def _restore(path: Path, content: bytes) -> None:
 def _read_meta(shard_dir: Path) -> tuple[int, int]:
     meta_path = shard_dir / META_FILE
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = read_json(meta_path, DatabaseUnavailableError)
         version, obs_dim, feat_dim = meta["schema_version"], meta["obs_dim"], meta["feat_dim"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DatabaseUnavailableError(f"{meta_path} is missing or corrupt: {err}") from err

@@ -51,7 +51,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.errors import ConfigError, DatabaseError
+from heisd_ros.core.files import read_json
 from heisd_ros.models.spec import ModelSpec
 from heisd_ros.pipeline.action_convention import DemoDataError
 from heisd_ros.pipeline.episodes import VIEWS
@@ -196,7 +197,10 @@ def run(cfg: BuildDbConfig) -> dict:
 
 def _current_manifest(path: Path, cfg: BuildDbConfig, digest: str, query_views: int) -> dict:
     """The manifest at `path` if its vectors fit this build, else a fresh one (nothing done)."""
-    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        manifest = read_json(path, DatabaseError) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError) as err:
+        raise DatabaseError(f"build manifest {path} unreadable ({err}); remove it to embed every episode again") from err
     recorded = cfg.model_spec.recorded()
     built = {"dtype": manifest.get("dtype", "float32"), "unnorm_key": manifest.get("unnorm_key", ""),
              "center_crop": manifest.get("center_crop", False)}  # fmt: skip

@@ -32,11 +32,11 @@ import copy
 import json
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.core.config import DecoderConfig, from_dict
+from heisd_ros.core.files import read_json
 from heisd_ros.pipeline.calibration import POINT_SCALARS, POINT_SECTIONS, apply_point, complete_point, save_calibration
 from heisd_ros.tools.eval_evidence import LOSSY_CLASSES, class_figures
 from heisd_ros.tools.eval_variants import MethodVariant, parse_variants
@@ -153,7 +153,7 @@ def write_point(report: dict[str, Any], calibration: dict[str, Any], variant: Me
 def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) -> dict[str, Any]:
     from heisd_ros.tools.eval_policies import file_digest
 
-    report = json.loads(Path(run_path).read_text())
+    report = read_json(run_path, ConfigError)
     used = report.get("_meta", {}).get("model", {}).get("calibration_digest")
     if used != file_digest(calibration_path):
         raise ConfigError(f"{calibration_path} is not the calibration file the run used (digest {used})")
@@ -161,7 +161,7 @@ def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) ->
     if not rev or rev.endswith("+dirty") or "," in rev:
         raise ConfigError(f"the run's revision is {rev or 'unknown'}: a point is chosen on a run at one committed "
                           "revision, so that its command reproduces it")
-    calibration = json.loads(Path(calibration_path).read_text())
+    calibration = read_json(calibration_path, ConfigError)
     name, rows = choose(report, rule)
     chosen = write_point(report, calibration, candidates(report)[name])
     meta = report["_meta"]

@@ -27,15 +27,14 @@ import argparse
 import copy
 import dataclasses
 import itertools
-import json
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.files import read_json
 
 GRID = (0, 6, 8, 12, 16, 20, 30)
 """Thresholds tried for each check, in summed position-group |delta bin| (0 = off)."""
@@ -115,7 +114,7 @@ def run(log_path: str, point_path: str, out_path: str, method: str, grid: tuple[
         raise ConfigError(f"{point_path} is not the operating point the run used (digest {key.get('calibration_digest')})")
     if key.get("purpose") != "calibration":
         raise ConfigError("the run is not a calibration run (heisd eval-libero --purpose calibration)")
-    point = json.loads(Path(point_path).read_text())
+    point = read_json(point_path, ConfigError)
     vs = apply_point(DecoderConfig(), point).verify_skip
     if vs.max_hit_spread_bins or vs.max_bins_from_verified:
         raise ConfigError("the run's point already gates skips by agreement: its skip steps are not all the "

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import struct
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from heisd_ros.core.errors import ModelLoadError
 from heisd_ros.models.loader import load_vla, tiny_vla
@@ -101,3 +105,75 @@ def test_unknown_config_keys_are_still_refused(tmp_path):
     _edit_config(tmp_path / "m", proprio_wobble=0)
     with pytest.raises(ModelLoadError, match="proprio_wobble"):
         load_vla(tmp_path / "m")
+
+
+# --- safetensors sizes ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny") / "m"
+    tiny_vla(seed=1).save_pretrained(d)
+    return d
+
+
+def _header_length(raw: bytearray, value: int) -> None:
+    raw[:8] = struct.pack("<Q", value)
+
+
+def _tensor_past_the_file(raw: bytearray, span: int = 1 << 40) -> None:
+    """The first tensor's data offsets moved past the file's end (the header rewritten whole, its
+    length with it; the data after it unchanged)."""
+    length = struct.unpack_from("<Q", raw)[0]
+    header = json.loads(raw[8 : 8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"] = [span, span + 4]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    raw[: 8 + length] = struct.pack("<Q", len(text)) + text
+
+
+SAFETENSORS_DAMAGE = {
+    "header length 2**60": (lambda raw: _header_length(raw, 1 << 60), "header too large"),
+    "header length past the file": (lambda raw: _header_length(raw, len(raw)), "invalid header length"),
+    "tensor offsets past the file": (_tensor_past_the_file, "invalid .*offset"),
+}
+
+
+@pytest.mark.parametrize("case", list(SAFETENSORS_DAMAGE))
+@pytest.mark.parametrize("reader", ["load_vla", "read_layout"])
+def test_a_safetensors_size_beyond_the_file_is_a_model_load_error(tiny_model_dir, tmp_path, case, reader):
+    """safetensors (0.8) checks the header length against its 100 MB cap and the file, and every
+    tensor's offsets against the file, before it allocates: the loaders turn its refusal into a
+    ModelLoadError naming the file (this pins both)."""
+    from heisd_ros.models.openvla_weights import read_layout
+
+    damage, words = SAFETENSORS_DAMAGE[case]
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, d)
+    raw = bytearray((d / "model.safetensors").read_bytes())
+    damage(raw)
+    (d / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ModelLoadError, match=words) as info:
+        (load_vla if reader == "load_vla" else read_layout)(d)
+    assert f"corrupt weights file {d / 'model.safetensors'}" in str(info.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(0, (1 << 64) - 1))
+@example(length=1 << 60)
+@example(length=(1 << 64) - 1)
+def test_any_header_length_reads_or_is_a_model_load_error(tiny_model_dir, tmp_path_factory, length):
+    from heisd_ros.models.openvla_weights import read_layout
+
+    d = tmp_path_factory.mktemp("header")
+    raw = bytearray((tiny_model_dir / "model.safetensors").read_bytes())
+    intact = struct.unpack_from("<Q", raw)[0]
+    _header_length(raw, length)
+    (d / "model.safetensors").write_bytes(bytes(raw))
+    try:
+        read_layout(d)
+    except ModelLoadError as err:
+        assert str(d / "model.safetensors") in str(err)
+    else:
+        assert length == intact

@@ -92,6 +92,19 @@ def test_corrupt_edge_directory(damage, built_edge):
     assert info.value.__cause__ is not None and str(shard) in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["heisd_store.json", "edge_config.json"])
+def test_a_database_file_over_the_size_cap_is_refused_by_name_before_it_is_read(built_edge, name):
+    """One byte over MAX_JSON_BYTES (sparse): neither heisd nor Edge reads it whole."""
+    from heisd_ros.core.files import MAX_JSON_BYTES
+
+    cfg, shard = built_edge
+    with (shard / name).open("wb") as f:
+        f.truncate(MAX_JSON_BYTES + 1)
+    with pytest.raises(DatabaseUnavailableError, match=f"{name} is {MAX_JSON_BYTES + 1} bytes") as info:
+        make_store(cfg)
+    assert str(shard) in str(info.value)
+
+
 def test_foreign_directory_is_not_a_store(tmp_path):
     shard = tmp_path / "db" / "heisd_demos"
     shard.mkdir(parents=True)
