@@ -329,7 +329,7 @@ def bursts(d: Driver) -> list[dict]:
     return out
 
 
-def memory(d: Driver, proc: subprocess.Popen) -> dict:
+def memory(d: Driver, proc: subprocess.Popen, n_cycles: int = CYCLES) -> dict:
     """RSS (MB) steady, after each lifecycle cycle, and after 4000x3000 raw frames."""
     from lifecycle_msgs.srv import ChangeState
     from std_msgs.msg import String
@@ -339,7 +339,7 @@ def memory(d: Driver, proc: subprocess.Popen) -> dict:
     d.stream(5.0, CALM_HZ)
     steady = rss_mb(proc.pid)
     cycles = []
-    for _ in range(CYCLES):
+    for _ in range(n_cycles):
         for transition in (4, 2, 1, 3):  # deactivate, cleanup, configure, activate
             req = ChangeState.Request()
             req.transition.id = transition
@@ -363,7 +363,7 @@ def memory(d: Driver, proc: subprocess.Popen) -> dict:
             "after_5_frames_4000x3000_mb": round(rss_mb(proc.pid), 1) if big is not None else None}  # fmt: skip
 
 
-def leg(domain_id: int, compressed: bool, with_bursts: bool, log: Path, say=print) -> dict:
+def leg(domain_id: int, compressed: bool, with_bursts: bool, log: Path, cycles: int = CYCLES, say=print) -> dict:
     proc = start_node(domain_id, compressed, log)
     d = Driver(domain_id, compressed)
     result: dict = {"transport": "CompressedImage (JPEG)" if compressed else "Image (rgb8)"}
@@ -380,7 +380,7 @@ def leg(domain_id: int, compressed: bool, with_bursts: bool, log: Path, say=prin
                 d.streaming.clear()
                 feeder.join()
             say("hostile_traffic: memory")
-            result["memory"] = memory(d, proc)
+            result["memory"] = memory(d, proc, cycles)
     finally:
         d.close()
         result["exit_code"] = stop_node(proc)
@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/hostile_traffic.json")
     p.add_argument("--domain-id", type=int, default=74)
     p.add_argument("--log-dir", default="artifacts/hostile_traffic")
+    p.add_argument("--cycles", type=int, default=CYCLES, help="lifecycle cycles of the memory phase")
     args = p.parse_args(argv)
     if not DB.is_dir() or not DEMO.is_file():
         print(f"hostile_traffic: {DB} or {DEMO} missing: run `make demo` first", file=sys.stderr)
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python benchmarks/hostile_traffic.py " + " ".join(argv or sys.argv[1:]),
               "git_rev": git_revision(), "cpu_count": os.cpu_count(), "load_average_at_start": load0,
               "legs": [leg(args.domain_id, True, False, logs / "compressed.log"),
-                       leg(args.domain_id, False, True, logs / "raw.log")]}  # fmt: skip
+                       leg(args.domain_id, False, True, logs / "raw.log", args.cycles)]}  # fmt: skip
     report["load_average_at_end"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))

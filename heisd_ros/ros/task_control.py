@@ -36,6 +36,7 @@ from heisd_ros.ros import topics
 from heisd_ros.ros.input_limits import check_instruction, quote
 from heisd_ros.ros.params import NodeConfig
 from heisd_ros.ros.qos import request_qos
+from heisd_ros.ros.worker import describe
 
 SUCCEEDED_REASONS = frozenset({"episode_result", "max_steps"})
 """Ends that give the goal SUCCEEDED; a cancel gives CANCELED, every other end ABORTED."""
@@ -255,12 +256,16 @@ class TaskControl:
             result = await end if end is not None else self._result_type(reason="unknown")
         finally:
             self._ends.pop(goal_id, None)
-        if goal.is_cancel_requested:
-            goal.canceled()
-        elif result.reason in SUCCEEDED_REASONS:
-            goal.succeed()
-        else:
-            goal.abort()
+        finish = goal.canceled if goal.is_cancel_requested else (
+            goal.succeed if result.reason in SUCCEEDED_REASONS else goal.abort)
+        try:
+            finish()
+        except RuntimeError as err:  # rclpy's RCLError (its module is private)
+            # rclpy sets the goal's state, then publishes the status array; under a burst of goals the
+            # middleware can refuse that publication. The state is set and the result still goes to
+            # the client; raised, it would end this coroutine with an empty result and a traceback.
+            self._log.warning(f"~/run_task: the goal status was not published ({describe(err)}); the result "
+                              "is sent", throttle_duration_sec=2.0)  # fmt: skip
         return result
 
     def _on_goal(self, request: Any) -> Any:
