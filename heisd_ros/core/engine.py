@@ -11,8 +11,8 @@ Baselines are switches of the same engine: `ar`, `drafter` (strict D-SD), `specv
 (D-SD + token-relaxed acceptance), `retrieval` (Top-1 chain fused into the prefill, strict,
 no skip, AR continuation), `heisd` (all of the above).
 
-The engine reaches the model only through `core.model_api.VLA`, and an optional state prior only
-through `core.model_api.ActionPrior`.
+The engine reaches the model only through `core.model_api.VLA`, an optional state prior only
+through `core.model_api.ActionPrior`, and the database only through `core.store_api.DemoStore`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.kinematics import FusedMetric
 from heisd_ros.core.model_api import VLA, ActionPrior, DecoderInputs
 from heisd_ros.core.source_choice import REASON_METHOD, SourceChoice, SourceDecision
+from heisd_ros.core.store_api import DemoStore
 from heisd_ros.core.traced import ShapeTracedModule
 from heisd_ros.core.tree import DraftTree, chain_tree, sequence_tree
 from heisd_ros.core.types import ACTION_DIM, GRIPPER_INDEX, Hit, Observation, StepStats
@@ -124,8 +125,8 @@ class HybridDecoder:
     `state_prior`: an optional bias over the action bins from the robot's state, added to the
     logits every method takes its argmax over, so AR and speculative methods still agree."""
 
-    def __init__(self, vla: VLA, cfg: DecoderConfig, store=None, drafter: EagleDrafter | None = None,
-                 state_prior: ActionPrior | None = None) -> None:
+    def __init__(self, vla: VLA, cfg: DecoderConfig, store: DemoStore | None = None,
+                 drafter: EagleDrafter | None = None, state_prior: ActionPrior | None = None) -> None:
         require(cfg.method not in NEEDS_DRAFTER or drafter is not None, f"method {cfg.method!r} needs a drafter")
         require(cfg.method not in NEEDS_STORE or store is not None, f"method {cfg.method!r} needs a database")
         require(len(cfg.views) >= vla.prompt_views,

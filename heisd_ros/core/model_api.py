@@ -5,7 +5,8 @@ needs from a decoder.
 `heisd_ros.models.vla.VLAModel` (tiny and mini models) and `heisd_ros.models.openvla.OpenVLAAdapter`
 (real OpenVLA checkpoints) implement `VLA`; `heisd_ros.models.state_prior.StatePrior` implements
 `ActionPrior`; `heisd_ros.core.engine.HybridDecoder` implements `Decoder`. The engine never imports
-any model class, and the node never imports the engine's.
+any model class, and the node never imports the engine's. What the engine needs from a database is
+`heisd_ros.core.store_api.DemoStore` (its own module, so the store package can name it without torch).
 """
 
 from __future__ import annotations

@@ -34,8 +34,6 @@ class NodeState:
     """Control ticks whose inputs formed no set, by kind (sync.REFUSAL_KINDS), since configure."""
     commanding: str = ""
     """The command gate: 'inactive', 'commanding' or 'dry run (command_enabled false)'."""
-    effective: Mapping[str, str] = field(default_factory=dict)
-    """effective.decoder.* values that differ from the decoder.* parameters (what runs)."""
 
 
 def horizon_s(cfg: PolicyNodeConfig) -> float:
@@ -93,7 +91,6 @@ def _values(cfg: PolicyNodeConfig, snap: StatusSnapshot, state: NodeState) -> di
         "mode_mix": _pairs(snap.modes), "rejected": _pairs(snap.rejected), "last_error": snap.last_error,
         "last_error_age_s": f"{snap.last_error_age_s:.1f}" if snap.last_error else "",
         "database_healthy": str(health_ok), "database_status": health_text,
-        **state.effective,
     }  # fmt: skip
 
 

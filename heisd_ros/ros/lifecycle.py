@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import gc
 import threading
 import time
@@ -61,16 +60,8 @@ def policy_paths(cfg: PolicyNodeConfig):
                        calibration_path=n.calibration_path)  # fmt: skip
 
 
-def effective_config(cfg: PolicyNodeConfig) -> PolicyNodeConfig:
-    """`cfg` with the decoder configuration that will run (heisd_ros.policy.resolve_decoder_config:
-    the calibration file and the database manifest applied); configure calls it once."""
-    from heisd_ros.policy import resolve_decoder_config
-
-    return dataclasses.replace(cfg, decoder=resolve_decoder_config(cfg.decoder, policy_paths(cfg), cfg.store))
-
-
 def load_decoder(cfg: PolicyNodeConfig) -> Decoder:
-    """The HybridDecoder of an effective configuration (`effective_config`), read only from the
+    """The HybridDecoder of a resolved configuration (heisd_ros.ros.decoder_params.resolve), read only from the
     directories the parameters name."""
     from pathlib import Path
 
@@ -194,11 +185,11 @@ class ManagedPolicy:
         self.get_logger().info(f"configuring: method={self.cfg.decoder.method} model_dir={n.model_dir!r}")
         decoder = None
         try:
-            run_cfg = effective_config(self.cfg)
+            run_cfg = self._resolved()
             decoder = self._decoder_factory(run_cfg)
             summary = warm_up(decoder, run_cfg)
+            self._run_with(run_cfg, log=True)
             self._open_session(decoder)
-            self._show_effective(run_cfg.decoder)
         except HeisdError as err:
             return self._configure_failed(f"{type(err).__name__}: {err}", decoder, err, TransitionCallbackReturn.FAILURE)
         except Exception as err:  # noqa: BLE001 - rclpy would turn it into ERROR without the reason

@@ -28,6 +28,7 @@ Warnings of the decoding core (Python `logging` under `heisd_ros`) go to the nod
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
@@ -43,14 +44,13 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Bool, String
 from std_srvs.srv import SetBool
 
-from heisd_ros.core.config import DecoderConfig
-from heisd_ros.core.errors import InvalidObservationError
+from heisd_ros.core.errors import HeisdError, InvalidObservationError
 from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros import topics
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
-from heisd_ros.ros.effective import EFFECTIVE_PREFIX, show_effective
+from heisd_ros.ros import decoder_params
 from heisd_ros.ros.input_limits import check_instruction, model_input
 from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
 from heisd_ros.ros.lifecycle_services import LifecycleInterface, LifecycleStates
@@ -102,16 +102,18 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         self._autostarting = threading.Event()  # set while an autostart runs beside the executor
         self._session: Session | None = None
         self._task: TaskControl | None = None
-        self._showing_effective = False
-        self._effective_changed: dict[str, str] = {}
-        """effective.* values that differ from the decoder.* parameters (shown in /diagnostics)."""
+        self._writing_decoder = False  # the node writes decoder.* (decoder_params); nobody else does
         started = False
         self._guarded_log = GuardedLogger(self.get_logger(), self.context)  # quiet once the context is gone
         self._log_bridge = RosLogBridge(self._guarded_log)
         logging.getLogger("heisd_ros").addHandler(self._log_bridge)
         try:
-            self._values = declare_all(self)
+            self._values, self._explicit = declare_all(self)
             self.cfg = build_config(self._values)
+            try:  # what runs, shown before configure; configure reads the files again and fails on a bad one
+                self._run_with(self._resolved(), log=False)
+            except HeisdError:
+                self._run_with(self.cfg, log=False)
             self._decoder_factory = decoder_factory or load_decoder
             self._inputs_lock = threading.Lock()
             self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
@@ -365,33 +367,34 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             response.message = "commanding disabled: dry run, DecodeStats only"
         return response
 
-    def _show_effective(self, effective: DecoderConfig) -> None:
-        """effective.* = the decoder configuration that runs; logged where it differs from the
-        decoder.* parameters (the calibration's and the database's values), and kept for /diagnostics."""
-        self._showing_effective = True
+    def _resolved(self) -> PolicyNodeConfig:
+        """The configuration that runs: the parameters, with the operating-point file and the database
+        manifest applied under the explicitly given decoder.* values (decoder_params). Raises what
+        reading those files raises."""
+        return decoder_params.resolve(build_config(self._values), self._explicit)
+
+    def _run_with(self, cfg: PolicyNodeConfig, log: bool) -> None:
+        """Make `cfg`'s decoder the one the node reports: the decoder.* parameters written back (and
+        shown in /diagnostics), logged with each value's source at configure."""
+        self._writing_decoder = True
         try:
-            values = show_effective(self, effective)
+            decoder_params.write_back(self, cfg.decoder)
         finally:
-            self._showing_effective = False
-        changed = {k: v for k, v in values.items() if self._values.get(k[len(EFFECTIVE_PREFIX):]) != v}
-        self._effective_changed = {k: str(v) for k, v in changed.items()}
-        self.get_logger().info("effective configuration: " + (", ".join(
-            f"{k[len(EFFECTIVE_PREFIX):]} {self._values.get(k[len(EFFECTIVE_PREFIX):])!r} -> {v!r}"
-            for k, v in changed.items()) or "the decoder.* parameters as given")
-            + " (ros2 param get <node> effective.decoder.<field>)")
+            self._writing_decoder = False
+        self.cfg = dataclasses.replace(self.cfg, decoder=cfg.decoder)
+        if log:
+            self.get_logger().info("decoder settings (ros2 param get <node> decoder.<field>): "
+                                   + decoder_params.sources(cfg.decoder, self._explicit, cfg.node.calibration_path))
 
     def _on_set_parameters(self, params: list) -> SetParametersResult:
-        if any(p.name.startswith(EFFECTIVE_PREFIX) for p in params):
-            if not self._showing_effective:
-                return SetParametersResult(successful=False, reason=(
-                    "effective.* show the decoder configuration that runs; set decoder.* or the calibration "
-                    "file and configure again"))  # fmt: skip
-            return SetParametersResult(successful=True)
+        if any(p.name.startswith(decoder_params.DECODER_PREFIX) for p in params):
+            ok = self._writing_decoder
+            return SetParametersResult(successful=ok, reason="" if ok else decoder_params.OUTSIDE_CHANGE_REFUSED)
         new_cfg, reason = validate_update(self._values, {p.name: p.value for p in params})
         if new_cfg is None:
             return SetParametersResult(successful=False, reason=reason)
         self._values.update({p.name: p.value for p in params if p.name in self._values})
-        self.cfg = new_cfg
+        self.cfg = dataclasses.replace(new_cfg, decoder=self.cfg.decoder)  # decoder.* change at configure only
         with self._inputs_lock:
             if self._session is not None:
                 self._session.sync.reconfigure(_sync_config(new_cfg))
@@ -409,7 +412,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
                           watchdog_trips=session.watchdog.state.trips, clock_resets=clock_resets,
                           sync_refusals=sync_refusals,
                           health=session.runner.health, worker_restarts=session.worker.restarts,
-                          commanding=self._task.commanding, effective=self._effective_changed)  # fmt: skip
+                          commanding=self._task.commanding)  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
         msg.header.stamp = self.get_clock().now().to_msg()
         session.diagnostics_pub.publish(msg)

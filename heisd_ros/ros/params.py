@@ -400,11 +400,10 @@ def ros_type(kind: str):
             "float_array": Parameter.Type.DOUBLE_ARRAY, "int_array": Parameter.Type.INTEGER_ARRAY}[kind]  # fmt: skip
 
 
-def declare_all(node: Any) -> dict[str, Any]:
-    """Declare every parameter on `node` with a descriptor; returns name -> effective value.
-
-    Raises ConfigError when an override has the wrong type (e.g. an integer for a double).
-    """
+def declare_all(node: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Declare every parameter on `node` with a descriptor: (name -> value, the decoder.* values given
+    explicitly; declared without a value, only an override fills one: decoder_params). Raises
+    ConfigError when an override has the wrong type (e.g. an integer for a double)."""
     from rcl_interfaces.msg import ParameterDescriptor
     from rclpy.exceptions import (
         InvalidParameterTypeException,
@@ -412,18 +411,23 @@ def declare_all(node: Any) -> dict[str, Any]:
     )
 
     values: dict[str, Any] = {}
+    explicit: dict[str, Any] = {}
     for spec in param_specs():
         ptype = ros_type(spec.kind)
-        desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only, type=ptype.value)
+        decoder = spec.group == "decoder."
+        desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only and not decoder,
+                                   type=ptype.value)  # fmt: skip
         default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
         try:
-            param = node.declare_parameter(spec.name, default if default != [] else ptype, desc)
+            param = node.declare_parameter(spec.name, ptype if decoder or default == [] else default, desc)
         except InvalidParameterTypeException as err:
             raise ConfigError(f"parameter {spec.name!r} must be of type {spec.kind}: {err}") from err
         except InvalidParameterValueException as err:
             raise ConfigError(f"parameter {spec.name!r} rejected: {err}") from err
         value = param.value
         values[spec.name] = spec.default if value is None else value
+        if decoder and value is not None:
+            explicit[spec.name] = value
     # Names of earlier releases, declared without a value so that a parameter file still setting
     # one is seen (rclpy drops overrides of undeclared names silently) and refused by build_config.
     for name, instead in REMOVED_PARAMETERS.items():
@@ -431,7 +435,7 @@ def declare_all(node: Any) -> dict[str, Any]:
         param = node.declare_parameter(name, None, removed)
         if param.value is not None:
             values[name] = param.value
-    return values
+    return values, explicit
 
 
 def validate_update(current: Mapping[str, Any], changes: Mapping[str, Any]) -> tuple[PolicyNodeConfig | None, str]:

@@ -11,8 +11,8 @@ from heisd_ros.store.factory import STORES, make_store
 from heisd_ros.store.schema import (
     PAYLOAD_FIELDS,
     VECTOR_NAMES,
+    DemoDatabase,
     DemoPoint,
-    DemoStore,
     InvalidDemoPointError,
     point_id,
 )
@@ -21,8 +21,8 @@ __all__ = [
     "PAYLOAD_FIELDS",
     "STORES",
     "VECTOR_NAMES",
+    "DemoDatabase",
     "DemoPoint",
-    "DemoStore",
     "InvalidDemoPointError",
     "make_store",
     "point_id",

@@ -101,7 +101,7 @@ class StoreBase:
     def _shutdown(self) -> None:
         raise NotImplementedError
 
-    # -- the DemoStore API -------------------------------------------------------------------
+    # -- the DemoDatabase API ----------------------------------------------------------------
     @property
     def obs_dim(self) -> int:
         return self._obs_dim

@@ -108,7 +108,7 @@ def _task_filter(task: str | None) -> qm.Filter | None:
 
 
 class ClientStore(StoreBase):
-    """DemoStore through qdrant-client. Build with `ClientStore.open` (or make_store)."""
+    """DemoDatabase through qdrant-client. Build with `ClientStore.open` (or make_store)."""
 
     def __init__(
         self,

@@ -215,7 +215,7 @@ def _write_meta(shard_dir: Path, collection: str, obs_dim: int, feat_dim: int) -
 
 
 class EdgeStore(StoreBase):
-    """DemoStore on an embedded Qdrant Edge shard. Build with `EdgeStore.open` (or make_store)."""
+    """DemoDatabase on an embedded Qdrant Edge shard. Build with `EdgeStore.open` (or make_store)."""
 
     backend = "edge"
 

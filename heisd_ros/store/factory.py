@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from heisd_ros.core.config import StoreConfig
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.store.schema import DemoStore
+from heisd_ros.store.schema import DemoDatabase
 
 
-def _open_edge(cfg: StoreConfig, obs_dim: int | None, feat_dim: int | None, create: bool) -> DemoStore:
+def _open_edge(cfg: StoreConfig, obs_dim: int | None, feat_dim: int | None, create: bool) -> DemoDatabase:
     from heisd_ros.store.edge import EdgeStore
 
     return EdgeStore.open(cfg, obs_dim, feat_dim, create)
 
 
-def _open_client(cfg: StoreConfig, obs_dim: int | None, feat_dim: int | None, create: bool) -> DemoStore:
+def _open_client(cfg: StoreConfig, obs_dim: int | None, feat_dim: int | None, create: bool) -> DemoDatabase:
     from heisd_ros.store.client import ClientStore
 
     return ClientStore.open(cfg, obs_dim, feat_dim, create)
@@ -25,7 +25,7 @@ STORES = {"edge": _open_edge, "local": _open_client, "remote": _open_client}
 
 def make_store(
     cfg: StoreConfig, obs_dim: int | None = None, feat_dim: int | None = None, create: bool = False
-) -> DemoStore:
+) -> DemoDatabase:
     """Open the demonstration database `cfg` describes.
 
     obs_dim / feat_dim: expected vector dimensions (checked against an existing database; required

@@ -30,22 +30,23 @@ import numpy as np
 from heisd_ros.core.config import StoreConfig
 from heisd_ros.core.errors import DatabaseError, DatabaseUnavailableError
 from heisd_ros.core.types import Hit
+from heisd_ros.store.schema import DemoDatabase, DemoPoint
 
 log = logging.getLogger(__name__)
 
 
 class ReconnectingStore:
-    """DemoStore wrapper (see the module docstring). `store` is the already opened store.
+    """DemoDatabase wrapper (see the module docstring). `store` is the already opened store.
 
-    opener() -> a new DemoStore of the same database (raises DatabaseError when it cannot).
+    opener() -> a new DemoDatabase of the same database (raises DatabaseError when it cannot).
     clock: monotonic seconds (tests pass a fake one).
     """
 
-    def __init__(self, opener: Callable[[], Any], cfg: StoreConfig, store: Any,
+    def __init__(self, opener: Callable[[], DemoDatabase], cfg: StoreConfig, store: DemoDatabase,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self._opener = opener
         self._cfg = cfg
-        self._store: Any | None = store
+        self._store: DemoDatabase | None = store
         self._clock = clock
         self._lock = threading.RLock()
         self._obs_dim, self._feat_dim = int(store.obs_dim), int(store.feat_dim)
@@ -83,7 +84,7 @@ class ReconnectingStore:
         self._retry_at = None
         self._delay_s = self._cfg.reconnect_backoff_s
 
-    def _ready(self) -> Any:
+    def _ready(self) -> DemoDatabase:
         """The store to call, reconnecting first when a retry is due; raises at once while down."""
         if self._closed:
             raise DatabaseUnavailableError("the demonstration store is closed")
@@ -120,7 +121,7 @@ class ReconnectingStore:
             self._up()
             return result
 
-    # -- the DemoStore API ---------------------------------------------------------------------
+    # -- the DemoDatabase API ------------------------------------------------------------------
     @property
     def obs_dim(self) -> int:
         return self._obs_dim
@@ -145,10 +146,10 @@ class ReconnectingStore:
     def tasks(self) -> list[str]:
         return self._call("tasks")
 
-    def upsert(self, points: Sequence[Any], batch_size: int = 256) -> int:
+    def upsert(self, points: Sequence[DemoPoint], batch_size: int = 256) -> int:
         return self._call("upsert", points, batch_size)
 
-    def scroll(self, task: str | None = None) -> Iterator[Any]:
+    def scroll(self, task: str | None = None) -> Iterator[DemoPoint]:
         return self._call("scroll", task)
 
     def optimize(self) -> None:

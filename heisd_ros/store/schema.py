@@ -32,6 +32,7 @@ from heisd_ros.core.errors import (
     DatabaseError,
     InvalidObservationError,
 )
+from heisd_ros.core.store_api import DemoStore
 from heisd_ros.core.types import ACTION_DIM, Hit
 
 OBS, FEAT, FEAT_PREV = "obs", "feat", "feat_prev"
@@ -221,8 +222,9 @@ def check_dims(obs_dim: Any, feat_dim: Any) -> tuple[int, int]:
 
 
 @runtime_checkable
-class DemoStore(Protocol):
-    """A demonstration database partitioned by task (embedded or remote Qdrant)."""
+class DemoDatabase(DemoStore, Protocol):
+    """A demonstration database partitioned by task (embedded or remote Qdrant): what the engine
+    reads (`heisd_ros.core.store_api.DemoStore`) and what building and inspecting one takes."""
 
     @property
     def obs_dim(self) -> int: ...
@@ -234,34 +236,12 @@ class DemoStore(Protocol):
         """Insert or overwrite points (id = point_id); returns how many were written."""
         ...
 
-    def search(self, query: np.ndarray, task: str, top_k: int) -> list[Hit]:
-        """Top-k by cosine on `obs` within `task`, best first; hits carry feat/feat_prev."""
-        ...
-
-    def search_near(self, query: np.ndarray, task: str, top_k: int, ee_pos: np.ndarray, pool: int,
-                    timing_ms: dict[str, float] | None = None) -> list[Hit]:
-        """The `top_k` of the Top-`pool` by cosine nearest `ee_pos` in recorded hand position,
-        nearest first; payloads and features are read for those `top_k` only."""
-        ...
-
-    def has_task(self, task: str) -> bool:
-        """Whether `task` has points (cached, cheap enough for every control step)."""
-        ...
-
     def count(self, task: str | None = None) -> int: ...
-
-    def tasks(self) -> list[str]: ...
 
     def scroll(self, task: str | None = None) -> Iterator[DemoPoint]:
         """Every point (of one task) with all three vectors, in the backend's order."""
         ...
 
-    def health(self) -> tuple[bool, str]:
-        """(ok, human-readable status); never raises."""
-        ...
-
     def optimize(self) -> None:
         """Build indexes after a bulk ingest (no-op where the backend indexes by itself)."""
         ...
-
-    def close(self) -> None: ...

@@ -79,15 +79,31 @@ def test_the_real_files_load(ctx, files):
     try:
         assert node._session.decoder.cfg.fused_metric.tau == -1.0  # calibration applied
         assert node._session.decoder.health()[0]
-        # what runs is what the node shows: the parameter as given, the effective value beside it
-        assert node.get_parameter("decoder.fused_metric.tau").value == 0.5
-        assert node.get_parameter("effective.decoder.fused_metric.tau").value == -1.0
-        assert node.get_parameter("effective.decoder.verify_skip.min_similarity").value == \
+        # one name per setting: decoder.* answers what runs
+        assert node.get_parameter("decoder.fused_metric.tau").value == -1.0
+        assert node.get_parameter("decoder.verify_skip.enabled").value is False
+        assert node.get_parameter("decoder.verify_skip.min_similarity").value == \
             node._session.decoder.cfg.verify_skip.min_similarity
-        refused = node.set_parameters([Parameter("effective.decoder.fused_metric.tau", value=0.3)])[0]
+        refused = node.set_parameters([Parameter("decoder.fused_metric.tau", value=0.3)])[0]
         assert not refused.successful and "configure again" in refused.reason
-        assert node.get_parameter("effective.decoder.fused_metric.tau").value == -1.0
-        assert node._effective_changed["effective.decoder.fused_metric.tau"] == "-1.0"  # in /diagnostics
+        assert node.get_parameter("decoder.fused_metric.tau").value == -1.0
+    finally:
+        node.destroy_node()
+
+
+def test_an_explicit_value_beats_the_point_file_and_is_logged_as_explicit(ctx, files):
+    """-p decoder.fused_metric.tau:=0.3 with a point file that sets tau -1: 0.3 runs and is shown;
+    the point file's other values run; configure's log names the explicit value."""
+    from heisd_ros.ros import decoder_params
+
+    node = _start(ctx, "explicit_wins", **_params(files), **{"decoder.fused_metric.tau": 0.3})
+    try:
+        assert node._session.decoder.cfg.fused_metric.tau == 0.3
+        assert node.get_parameter("decoder.fused_metric.tau").value == 0.3
+        assert node.get_parameter("decoder.verify_skip.enabled").value is False  # from the point file
+        text = decoder_params.sources(node.cfg.decoder, node._explicit, node.cfg.node.calibration_path)
+        assert "explicit (-p, launch or parameter file): fused_metric.tau=0.3" in text
+        assert "verify_skip.enabled=False" in text.split("explicit")[1]  # from the point file
     finally:
         node.destroy_node()
 
@@ -106,8 +122,8 @@ def test_a_point_file_with_integer_floats_configures_again(ctx, files, tmp_path)
             assert node.trigger_cleanup().value == Transition.TRANSITION_CALLBACK_SUCCESS
             assert node.trigger_configure().value == Transition.TRANSITION_CALLBACK_SUCCESS, node.configure_error
             assert node.trigger_activate().value == Transition.TRANSITION_CALLBACK_SUCCESS
-        assert node.get_parameter("effective.decoder.fused_metric.tau").value == 0.0
-        assert node.get_parameter("effective.decoder.fused_metric.tau").type_ == Parameter.Type.DOUBLE
+        assert node.get_parameter("decoder.fused_metric.tau").value == 0.0
+        assert node.get_parameter("decoder.fused_metric.tau").type_ == Parameter.Type.DOUBLE
     finally:
         node.destroy_node()
 

@@ -1,4 +1,4 @@
-"""The DemoStore behaviour suite, run for real on every embedded backend (Edge, local in memory, local on disk)."""
+"""The DemoDatabase behaviour suite, run for real on every embedded backend (Edge, local in memory, local on disk)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from heisd_ros.core.errors import (
     InvalidObservationError,
     UnknownTaskError,
 )
-from heisd_ros.store import PAYLOAD_FIELDS, DemoPoint, DemoStore, InvalidDemoPointError, make_store
+from heisd_ros.core.store_api import DemoStore
+from heisd_ros.store import PAYLOAD_FIELDS, DemoDatabase, DemoPoint, InvalidDemoPointError, make_store
 
 OBS_DIM, FEAT_DIM = 24, 8
 BACKENDS = ["edge", "local-memory", "local-path"]
@@ -83,7 +84,7 @@ def filled(request, tmp_path_factory):
 
 def test_is_a_demo_store(filled):
     store, _ = filled
-    assert isinstance(store, DemoStore)
+    assert isinstance(store, DemoStore) and isinstance(store, DemoDatabase)
     assert (store.obs_dim, store.feat_dim) == (OBS_DIM, FEAT_DIM)
 
 

@@ -151,12 +151,14 @@ def test_drafters_and_calibrations_are_written(workspace) -> None:
 def test_the_pages_parameter_file_starts_the_policy(workspace, monkeypatch) -> None:
     """The node's own loader (`load_decoder`) on the page's parameters decodes recorded observations."""
     from heisd_ros.core.types import Observation
-    from heisd_ros.ros.lifecycle import effective_config
+    from heisd_ros.ros import decoder_params
     from heisd_ros.ros.node import load_decoder
     from heisd_ros.ros.params import build_config
 
     monkeypatch.chdir(workspace["root"])
-    cfg = effective_config(build_config(doc_params()))  # what configure does
+    given = doc_params()
+    explicit = {k: v for k, v in given.items() if k.startswith(decoder_params.DECODER_PREFIX)}
+    cfg = decoder_params.resolve(build_config(given), explicit)  # what configure does
     assert cfg.decoder.method == "heisd" and cfg.node.db_path == "my_db"
     decoder = load_decoder(cfg)
     demo = workspace["bags"][0]
