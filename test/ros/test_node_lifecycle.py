@@ -146,6 +146,29 @@ def test_the_lifecycle_interface_answers_as_rclpys_does(rig):
         rig.stop()
 
 
+@pytest.mark.parametrize("shutdown_from", ["unconfigured", "inactive", "active"])
+def test_every_transition_through_the_lifecycle_services(rig, shutdown_from):
+    """What `ros2 lifecycle set` does, request by request: configure, activate, deactivate, cleanup,
+    configure, activate, then shutdown from each primary state; get_state answers each state."""
+    T = Transition
+    path = {"unconfigured": [T.TRANSITION_CONFIGURE, T.TRANSITION_ACTIVATE, T.TRANSITION_DEACTIVATE,
+                             T.TRANSITION_CLEANUP, T.TRANSITION_UNCONFIGURED_SHUTDOWN],
+            "inactive": [T.TRANSITION_CONFIGURE, T.TRANSITION_INACTIVE_SHUTDOWN],
+            "active": [T.TRANSITION_CONFIGURE, T.TRANSITION_ACTIVATE, T.TRANSITION_ACTIVE_SHUTDOWN]}[shutdown_from]
+    goal = {T.TRANSITION_CONFIGURE: "inactive", T.TRANSITION_ACTIVATE: "active", T.TRANSITION_DEACTIVATE: "inactive",
+            T.TRANSITION_CLEANUP: "unconfigured", T.TRANSITION_UNCONFIGURED_SHUTDOWN: "finalized",
+            T.TRANSITION_INACTIVE_SHUTDOWN: "finalized", T.TRANSITION_ACTIVE_SHUTDOWN: "finalized"}  # fmt: skip
+    rig.start(autostart=False)
+    try:
+        assert _state(rig) == "unconfigured"
+        for transition in path:
+            assert _change(rig, transition), (shutdown_from, transition)
+            assert _state(rig) == goal[transition], (shutdown_from, transition)
+        assert not _change(rig, T.TRANSITION_CONFIGURE)  # finalized offers nothing
+    finally:
+        rig.stop()
+
+
 def test_autostart_configures_and_activates(rig):
     rig.start()
     try:
