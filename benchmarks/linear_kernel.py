@@ -26,11 +26,8 @@ import numpy as np
 import torch
 
 from heisd_ros.core.config import DecoderConfig
-from heisd_ros.core.drafter import load_drafter
-from heisd_ros.core.engine import HybridDecoder
-from heisd_ros.models.loader import load_model
-from heisd_ros.models.spec import ModelSpec
 from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.policy import PolicyPaths, build_decoders
 from heisd_ros.tools.bench import demo_observations
 
 KERNELS = ("torch", "onednn")
@@ -56,9 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         decoders = {}
         for kernel in KERNELS:
             cfg = DecoderConfig(method=method, llm_linear=kernel)
-            vla, prior = load_model(ModelSpec.of_decoder(a.model, cfg))
-            drafter = load_drafter(a.drafter, vla.language_model.config) if method != "ar" else None
-            decoders[kernel] = HybridDecoder(vla, cfg, drafter=drafter, state_prior=prior)
+            # a model of its own per kernel: the packed one replaces the LLM's linear layers
+            decoders[kernel] = build_decoders(PolicyPaths(a.model, a.drafter), {kernel: cfg})[kernel]
             decoders[kernel].prepare_vision()
         steps = {k: [] for k in KERNELS}
         forwards: dict[str, dict[str, list[float]]] = {k: defaultdict(list) for k in KERNELS}

@@ -5,7 +5,7 @@ Usage (repository root; builds the tiny policy on first use, about a minute):
         [--seed 3000] [--expert-seed 2000] [--offset-m 0.03] [--time-warp 1.6] [--noise-m 0.002]
         [--threads 1] [--json FILE]
 
-The tiny policy (heisd_ros.pipeline.tiny_artifacts) learned from expert A: heisd_ros.sim.synthetic's
+The tiny policy (heisd_ros.pipeline.tiny_artifacts) learned from expert A: heisd_ros.pipeline.synthetic_demos's
 demonstrations, seed 0; its own database holds them (the matching database). Expert B does the
 same tasks its own way: its own seed, the whole path shifted by `--offset-m` in a random
 horizontal direction per episode, another speed profile along the path (progress t**time_warp: it
@@ -40,12 +40,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from heisd_ros.assembly import assemble_decoders
 from heisd_ros.core.config import DecoderConfig, SourceChoiceConfig, to_dict
 from heisd_ros.core.engine import HybridDecoder
 from heisd_ros.core.types import Observation, StepStats
 from heisd_ros.pipeline import figures, tiny_artifacts
 from heisd_ros.pipeline.outputs import git_revision, write_json
-from heisd_ros.sim import synthetic
+from heisd_ros.pipeline import synthetic_demos as synthetic
 
 
 EXPERT_B_ARGS = ("expert_seed", "expert_episodes", "steps", "offset_m", "time_warp", "noise_m")
@@ -98,18 +99,27 @@ def mismatch_db(vla, args: argparse.Namespace) -> Path:
 
 
 def decoders(args: argparse.Namespace) -> dict[str, HybridDecoder]:
-    from heisd_ros.policy import PolicyPaths, load_policy, open_store
+    from heisd_ros.policy import (
+        TINY_MODEL,
+        PolicyPaths,
+        load_parts,
+        open_store,
+        resolve_decoder_config,
+        resolve_paths,
+    )
 
-    base = load_policy(PolicyPaths("tiny", tiny_cache_dir=args.tiny_dir), DecoderConfig(method="heisd"))
-    vla, cfg = base.vla, base.cfg
-    other = open_store(cfg, PolicyPaths("tiny", db_path=str(mismatch_db(vla, args))), None,
+    paths = resolve_paths(PolicyPaths(TINY_MODEL, tiny_cache_dir=args.tiny_dir))
+    cfg = resolve_decoder_config(DecoderConfig(method="heisd"), paths)
+    parts = load_parts(paths, cfg)  # the tiny policy with its own (matching) database
+    vla = parts.vla
+    other = open_store(cfg, PolicyPaths(TINY_MODEL, db_path=str(mismatch_db(vla, args))), None,
                        feat_dim=vla.hidden_size)
     off = dataclasses.replace(cfg, source_choice=SourceChoiceConfig(enabled=False))
     rows = {"ar": (cfg.with_method("ar"), None), "drafter": (cfg.with_method("drafter"), None),
             "heisd_off": (off, other), "heisd_on": (cfg, other),
-            "heisd_off_matching": (off, base.store), "heisd_on_matching": (cfg, base.store)}
-    return {name: HybridDecoder(vla, c, store=s, drafter=base.drafter, state_prior=base.state_prior)
-            for name, (c, s) in rows.items()}
+            "heisd_off_matching": (off, parts.store), "heisd_on_matching": (cfg, parts.store)}
+    return assemble_decoders(parts, {name: c for name, (c, _) in rows.items()},
+                             stores={name: s for name, (_, s) in rows.items()})
 
 
 def evaluation_episodes(args: argparse.Namespace) -> list[list[Observation]]:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from heisd_ros.core.types import StepStats
 from heisd_ros.pipeline.outputs import git_revision, write_json
-from heisd_ros.ros.playback import rss_mb
+from heisd_ros.replay.playback import rss_mb
 from heisd_ros.tools import replay as rp
 from heisd_ros.tools.make_recording import RecordingConfig, make_recording
 

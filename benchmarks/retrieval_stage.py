@@ -33,9 +33,10 @@ import time
 import numpy as np
 import torch
 
+from heisd_ros.assembly import PolicyParts, assemble_decoders
 from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, RetrievalConfig, StoreConfig, VerifySkipConfig
 from heisd_ros.core.drafter import load_drafter
-from heisd_ros.core.engine import HybridDecoder, embed_views, prompt_patches
+from heisd_ros.core.engine import embed_views, prompt_patches
 from heisd_ros.core.tree import sequence_tree
 from heisd_ros.core.types import Observation
 from heisd_ros.core.verifier import TargetSession
@@ -101,8 +102,8 @@ def retrieval_stage(vla, store, obs: list[Observation], pool: int, top_k: int) -
 
 
 def skipped_steps(vla, prior, drafter, store, obs: list[Observation], cfg: DecoderConfig) -> dict:
-    decoders = {"whole_pool": HybridDecoder(vla, cfg, store=WholePool(store), drafter=drafter, state_prior=prior),
-                "two_phase": HybridDecoder(vla, cfg, store=store, drafter=drafter, state_prior=prior)}
+    decoders = assemble_decoders(PolicyParts(vla, prior, drafter, store), {"whole_pool": cfg, "two_phase": cfg},
+                                 stores={"whole_pool": WholePool(store)})
     steps: dict[str, list] = {k: [] for k in decoders}
     for o in obs:
         for name, dec in decoders.items():

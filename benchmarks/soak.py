@@ -127,7 +127,9 @@ class SoakConfig:
             raise ConfigError("views must be 2 or 3")
         if not (self.duration_s > 0 and self.camera_hz > 0 and self.pose_hz > 0 and self.control_rate_hz > 0):
             raise ConfigError("durations and rates must be > 0")
-        if self.model_dir and self.model_dir != "tiny" and not self.db_path:
+        from heisd_ros.policy import is_tiny
+
+        if self.model_dir and not is_tiny(self.model_dir) and not self.db_path:
             raise ConfigError("--model-dir needs --db-path (and --drafter-dir for drafter-based methods)")
 
     @property
@@ -146,16 +148,15 @@ def _views(images: dict[str, np.ndarray], names: tuple[str, ...]) -> list[np.nda
 
 def prepare(cfg: SoakConfig, say) -> dict[str, str]:
     """The policy's files: cfg.model_dir etc., or the tiny build with a database covering cfg.views."""
-    from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
+    from heisd_ros.policy import TINY_MODEL, PolicyPaths, is_tiny, resolve_paths
 
-    if cfg.model_dir:
+    if cfg.model_dir and not is_tiny(cfg.model_dir):
         return {"model_dir": cfg.model_dir, "drafter_dir": cfg.drafter_dir, "db_path": cfg.db_path,
                 "calibration_path": cfg.calibration_path}  # fmt: skip
-    root = build_tiny_artifacts(cfg.tiny_dir, progress=say)
-    paths = {"model_dir": str(root / "model"), "drafter_dir": str(root / "drafter"), "db_path": str(root / "db"),
-             "calibration_path": str(root / "calibration.json")}  # fmt: skip
+    tiny = resolve_paths(PolicyPaths(TINY_MODEL, tiny_cache_dir=cfg.tiny_dir), progress=say)
+    paths = {k: v for k, v in dataclasses.asdict(tiny).items() if k != "tiny_cache_dir"}
     if cfg.views == 3:
-        paths["db_path"] = str(_three_view_db(root, say))
+        paths["db_path"] = str(_three_view_db(Path(cfg.tiny_dir), say))
     return paths
 
 
@@ -166,7 +167,7 @@ def _three_view_db(root: Path, say) -> Path:
     from heisd_ros.core.config import StoreConfig
     from heisd_ros.core.engine import embed_views
     from heisd_ros.models.loader import load_vla
-    from heisd_ros.sim import synthetic
+    from heisd_ros.pipeline import synthetic_demos as synthetic
     from heisd_ros.store import make_store
 
     out = root / "db_3views"
@@ -227,7 +228,7 @@ def encode_frames(episodes: list[list[Frame]]) -> None:
 def episode_frames(cfg: SoakConfig, image_size: int) -> list[list[Frame]]:
     if cfg.demos:
         return demo_frames(cfg)
-    from heisd_ros.sim import synthetic
+    from heisd_ros.pipeline import synthetic_demos as synthetic
 
     by_ep: dict[tuple[str, int], list[Frame]] = {}
     for s in synthetic.episodes(cfg.seed, 2, cfg.steps_per_episode, image_size):

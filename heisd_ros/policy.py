@@ -1,9 +1,13 @@
-"""Assemble a HybridDecoder from files: model (with its state prior), drafter, database, calibration.
+"""A policy's decoders from files: model (with its state prior), drafter, database, calibration.
 
-Every `model_dir` is a local model directory (offline, never a hub). For the offline tools only
-(bench, benchmarks), `model_dir="tiny"` builds (once, cached under `tiny_cache_dir`) the tiny test
-policy from synthetic demonstrations; the policy node passes `build_tiny=False` and loads only the
-directories it is given.
+Every `model_dir` is a local model directory (offline, never a hub). Two model names are not
+directories, and are resolved here only (`resolve_paths`), for the offline tools (bench, eval,
+demo, benchmarks): "tiny" builds (once, cached under `tiny_cache_dir`) the tiny test policy from
+synthetic demonstrations; "auto" is the first trained policy the tool names that is present, else
+"tiny". The policy node loads only the directories it is given (`build_policy`).
+
+The decoders themselves are assembled by `heisd_ros.assembly.assemble_decoders`; this module loads
+what they share from files (`load_parts`) and builds them (`build_decoders`, `build_policy`).
 """
 
 from __future__ import annotations
@@ -11,11 +15,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
+from heisd_ros.assembly import PolicyParts, assemble_decoders
 from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import load_drafter
 from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
@@ -32,6 +39,11 @@ from heisd_ros.pipeline.calibration import apply_calibration
 
 log = logging.getLogger(__name__)
 DEFAULT_TINY_DIR = Path("artifacts/tiny")
+TINY_MODEL = "tiny"
+"""The model name of the tiny test policy (built under `tiny_cache_dir`)."""
+AUTO_MODEL = "auto"
+"""The model name of 'the first trained policy present, else the tiny one' (`choose_auto`)."""
+Key = TypeVar("Key", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -59,13 +71,40 @@ def set_torch_threads(threads: int) -> None:
             log.debug("torch inter-op threads stay at %d", torch.get_num_interop_threads())
 
 
-def resolve_paths(paths: PolicyPaths) -> PolicyPaths:
-    """Expand `model_dir="tiny"` to the built tiny artifacts (building them if needed)."""
-    if paths.model_dir != "tiny":
+def is_tiny(model_dir: str) -> bool:
+    """Whether `model_dir` names the tiny test policy rather than a directory."""
+    return model_dir == TINY_MODEL
+
+
+def choose_auto(paths: PolicyPaths, trained: Sequence[PolicyPaths] = ()) -> PolicyPaths:
+    """`paths` with `model_dir="auto"` made concrete: the first of `trained` (the policies the
+    caller found present, best first), else "tiny"; the drafter, database and calibration the
+    caller gave win over the chosen policy's. Any other `model_dir` is returned as it is."""
+    if paths.model_dir != AUTO_MODEL:
+        return paths
+    if not trained:
+        return dataclasses.replace(paths, model_dir=TINY_MODEL)
+    chosen = trained[0]
+    return PolicyPaths(model_dir=chosen.model_dir, drafter_dir=paths.drafter_dir or chosen.drafter_dir,
+                       db_path=paths.db_path or chosen.db_path,
+                       calibration_path=paths.calibration_path or chosen.calibration_path,
+                       tiny_cache_dir=paths.tiny_cache_dir)
+
+
+def resolve_paths(paths: PolicyPaths, trained: Sequence[PolicyPaths] = (), tiny_own_files: bool = False,
+                  progress: Callable[[str], None] | None = None) -> PolicyPaths:
+    """Expand the model names: "auto" (`choose_auto` over `trained`), then "tiny" to the built tiny
+    artifacts (building them if needed, `progress` told how it goes). The drafter, database and
+    calibration given win over the tiny policy's own unless `tiny_own_files` (for a tool whose
+    path defaults name another policy's files)."""
+    paths = choose_auto(paths, trained)
+    if not is_tiny(paths.model_dir):
         return paths
     from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
 
-    root = build_tiny_artifacts(paths.tiny_cache_dir)
+    if tiny_own_files:
+        paths = PolicyPaths(paths.model_dir, tiny_cache_dir=paths.tiny_cache_dir)
+    root = build_tiny_artifacts(paths.tiny_cache_dir, progress=progress)
     return PolicyPaths(
         model_dir=str(root / "model"),
         drafter_dir=paths.drafter_dir or str(root / "drafter"),
@@ -172,21 +211,48 @@ def load_policy(paths: PolicyPaths, cfg: DecoderConfig, store_cfg: StoreConfig |
 
 def build_policy(paths: PolicyPaths, effective: DecoderConfig, store_cfg: StoreConfig | None = None, store=None,
                  torch_threads: int | None = None) -> HybridDecoder:
-    """The decoder of an already resolved configuration: the model and its state prior, the drafter
-    and the database where the method needs them. `store`: an open database to use instead of
-    opening one. `torch_threads`: set (`set_torch_threads`) before anything is loaded; None leaves
-    torch's threads as they are."""
+    """The decoder of an already resolved configuration (`build_decoders` for its one method): the
+    model and its state prior, the drafter and the database where the method needs them. `store`:
+    an open database to use instead of opening one. `torch_threads`: set (`set_torch_threads`)
+    before anything is loaded; None leaves torch's threads as they are."""
+    method = effective.method
+    return build_decoders(paths, {method: effective}, store_cfg=store_cfg, store=store,
+                          torch_threads=torch_threads)[method]
+
+
+def build_decoders(paths: PolicyPaths, configs: Mapping[Key, DecoderConfig], load_cfg: DecoderConfig | None = None,
+                   store_cfg: StoreConfig | None = None, store=None,
+                   torch_threads: int | None = None) -> dict[Key, HybridDecoder]:
+    """Decoders for already resolved configurations, keyed as `configs`, over one model, drafter and
+    database loaded once from `paths` (`load_parts`, for every configured method, the model as
+    `load_cfg` runs it: default the first configuration) and shared (`assemble_decoders`).
+    `store`, `store_cfg`: as `load_parts`; `torch_threads`: as `build_policy`."""
     if torch_threads is not None:
         set_torch_threads(torch_threads)
-    cfg = effective
+    load_cfg = load_cfg if load_cfg is not None else next(iter(configs.values()))
+    parts = load_parts(paths, load_cfg, [c.method for c in configs.values()], store_cfg, store)
+    return assemble_decoders(parts, configs)
+
+
+def load_parts(paths: PolicyPaths, cfg: DecoderConfig, methods: Iterable[str] | None = None,
+               store_cfg: StoreConfig | None = None, store=None) -> PolicyParts:
+    """What the decoders of `methods` (default: `cfg.method` alone) share, loaded from `paths`: the
+    model and its state prior as `cfg` runs them (dtype, device, unnorm_key, centre crop, LLM
+    kernel), the drafter if a method drafts, and if one retrieves the database: `store` when given
+    (then kept whatever the methods), else `open_store`'s, checked against the model's sizes.
+    Raises ModelLoadError when a method needs a drafter and `paths` names none."""
+    methods = list(dict.fromkeys([cfg.method] if methods is None else methods))
     vla, state_prior = load_model(ModelSpec.of_decoder(paths.model_dir, cfg))
     drafter = None
-    if cfg.method in NEEDS_DRAFTER:
+    drafting = [m for m in methods if m in NEEDS_DRAFTER]
+    if drafting:
         if not paths.drafter_dir:
-            raise ModelLoadError(f"method {cfg.method!r} needs a drafter; no drafter_dir given")
+            raise ModelLoadError(f"method {drafting[0]!r} needs a drafter; no drafter_dir given")
         drafter = load_drafter(paths.drafter_dir, vla.language_model.config, DTYPES[cfg.dtype]).to(cfg.device)
-    if store is None and cfg.method in NEEDS_STORE:
+    retrieving = [m for m in methods if m in NEEDS_STORE]
+    if store is None and retrieving:
         per_view = vla.query_dim  # not every backbone says
         obs_dim = cfg.query_view_count * per_view if per_view is not None else None
-        store = open_store(cfg, paths, store_cfg, obs_dim=obs_dim, feat_dim=vla.hidden_size)
-    return HybridDecoder(vla, cfg, store=store, drafter=drafter, state_prior=state_prior)
+        store = open_store(cfg.with_method(retrieving[0]), paths, store_cfg, obs_dim=obs_dim,
+                           feat_dim=vla.hidden_size)
+    return PolicyParts(vla, state_prior, drafter, store)

@@ -39,7 +39,7 @@ def build_libero_policy(root: Path) -> Path:
     from heisd_ros.core.engine import HybridDecoder, embed_views
     from heisd_ros.core.types import Observation
     from heisd_ros.models.loader import tiny_vla
-    from heisd_ros.sim import synthetic
+    from heisd_ros.pipeline import synthetic_demos
     from heisd_ros.store.factory import make_store
     from heisd_ros.store.schema import DemoPoint
 
@@ -56,7 +56,7 @@ def build_libero_policy(root: Path) -> Path:
         prev = None
         for step in range(12):
             ee = EE_START + 0.004 * step * np.array([1.0, 0.5, -0.5])
-            images = synthetic.render(ee, 0, 64, rng)
+            images = synthetic_demos.render(ee, 0, 64, rng)
             action, st = ar.step(Observation(images, instruction, ee))
             with torch.inference_mode():
                 query, _ = embed_views(vla, [images["agentview"], images["wrist"]])

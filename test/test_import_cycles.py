@@ -1,14 +1,29 @@
-"""No two heisd_ros modules import each other, directly or through others.
+"""How heisd_ros modules may import each other: no cycles between modules, one direction between folders.
 
-The graph is read from the source (every `import` and `from ... import`, at module level or inside a
+- No two modules import each other, directly or through others: a cycle fails here, naming its
+  modules, before it fails at import time.
+- The top-level folders (and the top-level modules policy.py, assembly.py) import only downwards,
+  `FOLDER_IMPORTS`:
+
+      core  <-  models, store, assembly.py  <-  pipeline  <-  policy.py  <-  ros  <-  replay  <-  tools
+                                                pipeline  <-  sim  <-  tools
+
+  core (the decoding core) imports none of the others; pipeline (offline data, training, bags) no
+  policy, ros, replay, sim or tools; the node (ros) no replay or tools, so it runs without either;
+  sim (LIBERO, the expert, the recorder: the workbench) is imported by tools only. The generated
+  interfaces (`heisd_ros.msg`, `.action`, `.srv`) are imported by the ROS side only.
+
+Both are read from the source (every `import` and `from ... import`, at module level or inside a
 function, under TYPE_CHECKING too: a lazy or typing-only import is still a dependency a maintainer
-has to follow), so a cycle fails here, naming its modules, before it fails at import time.
+has to follow). Not seen: names built at run time for importlib (tools/cli.py's command table,
+replay/playback.py's message classes).
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterator
 
 PACKAGE = Path(__file__).resolve().parents[1] / "heisd_ros"
 
@@ -29,9 +44,9 @@ def _owner(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = _modules()
-    graph: dict[str, set[str]] = {m: set() for m in modules}
+def import_sites(modules: dict[str, Path]) -> Iterator[tuple[str, int, str]]:
+    """(importing module, line, imported name) of every heisd_ros name each module imports; a
+    `from A import b` yields A and A.b (b may be a module or a name in A)."""
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -46,9 +61,17 @@ def import_graph() -> dict[str, set[str]]:
             else:
                 continue
             for name in names:
-                owner = _owner(name, modules) if name.startswith("heisd_ros") else None
-                if owner not in (None, module, "heisd_ros"):
-                    graph[module].add(owner)
+                if name == "heisd_ros" or name.startswith("heisd_ros."):
+                    yield module, node.lineno, name
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, _, name in import_sites(modules):
+        owner = _owner(name, modules)
+        if owner not in (None, module, "heisd_ros"):
+            graph[module].add(owner)
     return graph
 
 
@@ -96,3 +119,82 @@ def test_heisd_ros_modules_import_no_cycle() -> None:
     graph = import_graph()
     assert len(graph) > 100 and "heisd_ros.core.engine" in graph["heisd_ros.policy"]
     assert cycles(graph) == [], "import cycles among heisd_ros modules (each line one cycle)"
+
+
+# ---------------------------------------------------------------------------------------------
+# direction between folders
+
+INTERFACES = ("msg", "srv", "action")
+"""The generated ROS interfaces (heisd_ros.msg, ...): not in the source tree, one 'folder' here."""
+_BELOW_POLICY = {"core", "models", "store", "assembly", "pipeline"}
+FOLDER_IMPORTS: dict[str, set[str]] = {
+    "core": set(),
+    "models": {"core"},
+    "store": {"core"},
+    "assembly": {"core"},
+    "pipeline": {"core", "models", "store", "assembly"},
+    "policy": _BELOW_POLICY,
+    "sim": _BELOW_POLICY,
+    "ros": _BELOW_POLICY | {"policy", "interfaces"},
+    "replay": _BELOW_POLICY | {"policy", "ros", "interfaces"},
+    "tools": _BELOW_POLICY | {"policy", "ros", "replay", "sim", "interfaces"},
+}
+"""Folder (or top-level module: policy, assembly) -> the other folders it may import."""
+
+
+def folder_of(name: str) -> str:
+    """The top-level folder a heisd_ros module or imported name belongs to ('' for heisd_ros itself)."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return ""
+    return "interfaces" if parts[1] in INTERFACES else parts[1]
+
+
+def direction_violations(sites: list[tuple[str, int, str]], rule: dict[str, set[str]],
+                         modules: dict[str, Path]) -> list[str]:  # fmt: skip
+    """'file:line: module imports name (folder -> folder)' for every import statement against `rule`
+    (of `from A import b, c`, A is named)."""
+    found: dict[tuple[str, int, str], str] = {}
+    for module, line, name in sites:
+        src, dst = folder_of(module), folder_of(name)
+        if src and dst and src != dst and dst not in rule.get(src, set()):
+            key = (module, line, dst)
+            found[key] = min(found.get(key, name), name, key=len)
+    out = []
+    for (module, line, dst), name in found.items():
+        where = modules[module].relative_to(PACKAGE.parent) if module in modules else module
+        out.append(f"{where}:{line}: {module} imports {name} ({folder_of(module)} -> {dst})")
+    return sorted(out)
+
+
+def test_the_direction_check_finds_an_upward_import() -> None:
+    modules = {"heisd_ros.core.a": PACKAGE / "core" / "a.py"}
+    sites = [("heisd_ros.core.a", 3, "heisd_ros.ros.node"), ("heisd_ros.core.a", 4, "heisd_ros.core.b"),
+             ("heisd_ros.core.a", 5, "heisd_ros")]
+    assert direction_violations(sites, FOLDER_IMPORTS, modules) == [
+        "heisd_ros/core/a.py:3: heisd_ros.core.a imports heisd_ros.ros.node (core -> ros)"
+    ]
+    sites = [("heisd_ros.pipeline.x", 9, "heisd_ros.msg.ArmCommand"), ("heisd_ros.ros.y", 2, "heisd_ros.action")]
+    assert [v.split(": ", 1)[1] for v in direction_violations(sites, FOLDER_IMPORTS, {})] == [
+        "heisd_ros.pipeline.x imports heisd_ros.msg.ArmCommand (pipeline -> interfaces)"
+    ]
+
+
+def test_the_rule_places_every_folder_and_has_no_cycle() -> None:
+    """A new top-level folder or module needs its place in FOLDER_IMPORTS before it can import or
+    be imported; and the rule itself only points downwards."""
+    present = {p.name if p.is_dir() else p.stem for p in PACKAGE.iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+    assert present == set(FOLDER_IMPORTS), "folders of heisd_ros not placed in FOLDER_IMPORTS (or gone)"
+    assert cycles({f: {d for d in allowed if d in FOLDER_IMPORTS} for f, allowed in FOLDER_IMPORTS.items()}) == []
+    for folder, allowed in FOLDER_IMPORTS.items():  # layered: a folder may import what its imports may
+        for dep in allowed - {"interfaces"}:
+            assert FOLDER_IMPORTS[dep] <= allowed, f"{folder} may import {dep} but not all {dep} imports"
+
+
+def test_heisd_ros_folders_import_in_one_direction() -> None:
+    modules = _modules()
+    sites = list(import_sites(modules))
+    assert any(folder_of(m) == "ros" and folder_of(n) == "interfaces" for m, _, n in sites)
+    violations = direction_violations(sites, FOLDER_IMPORTS, modules)
+    assert violations == [], "imports against the folder direction (module docstring):\n" + "\n".join(violations)

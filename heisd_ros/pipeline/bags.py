@@ -17,7 +17,6 @@ Times are integer nanoseconds (`*_ns`); header stamps are builtin_interfaces/Tim
 from __future__ import annotations
 
 import functools
-import io
 import os
 import sys
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ import numpy as np
 from heisd_ros.core.errors import BagError, ConfigError, HeisdError, InvalidObservationError
 from heisd_ros.core.files import check_size, read_capped_text
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
+from heisd_ros.core.image_codec import SUPPORTED_ENCODINGS, msg_to_rgb, rgb_to_compressed, rgb_to_raw
 from heisd_ros.pipeline.mcap_check import check_mcap
 
 NS_PER_S = 1_000_000_000
@@ -218,8 +218,6 @@ def topic_types(path: str | Path) -> dict[str, str]:
 def image_rgb(msg: Any) -> np.ndarray:
     """A deserialised sensor_msgs/Image (rgb8, bgr8, rgba8, bgra8, mono8) or CompressedImage (png,
     jpeg) -> RGB uint8 [H, W, 3]; an image that cannot be read raises BagError."""
-    from heisd_ros.ros.conversions import msg_to_rgb
-
     try:
         return msg_to_rgb(msg)
     except InvalidObservationError as err:
@@ -325,30 +323,18 @@ def header(t_ns: int, frame_id: str) -> Any:
 def image_msg(hdr: Any, rgb: np.ndarray, encoding: str = "rgb8") -> Any:
     """sensor_msgs/Image of RGB uint8 [H, W, 3] in a raw encoding (rgb8, bgr8, rgba8, bgra8, mono8;
     alpha 255, mono the channel mean)."""
-    from heisd_ros.ros.conversions import RAW_ENCODINGS
-
-    if encoding not in RAW_ENCODINGS:
-        raise ConfigError(f"encoding must be one of {tuple(RAW_ENCODINGS)}, got {encoding!r}")
-    channels, order = RAW_ENCODINGS[encoding]
-    rgb = np.asarray(rgb, dtype=np.uint8)
-    if order is None:
-        pixels = rgb.mean(axis=2).round().astype(np.uint8)[:, :, None]
-    else:
-        pixels = np.full(rgb.shape[:2] + (channels,), 255, dtype=np.uint8)
-        pixels[:, :, list(order)] = rgb
-    h, w = rgb.shape[:2]
-    return typestore().types[IMAGE](header=hdr, height=h, width=w, encoding=encoding, is_bigendian=0,
-                                    step=w * channels, data=np.ascontiguousarray(pixels).reshape(-1))  # fmt: skip
+    if encoding not in SUPPORTED_ENCODINGS:
+        raise ConfigError(f"encoding must be one of {SUPPORTED_ENCODINGS}, got {encoding!r}")
+    data, step = rgb_to_raw(rgb, encoding)
+    h, w = np.shape(rgb)[:2]
+    return typestore().types[IMAGE](header=hdr, height=h, width=w, encoding=encoding, is_bigendian=0, step=step,
+                                    data=data)  # fmt: skip
 
 
 def compressed_image_msg(hdr: Any, rgb: np.ndarray, codec: str) -> Any:
     """sensor_msgs/CompressedImage of RGB uint8 [H, W, 3], codec 'png' or 'jpeg' (needs Pillow)."""
-    from PIL import Image as PILImage
-
-    buf = io.BytesIO()
-    PILImage.fromarray(np.asarray(rgb, dtype=np.uint8)).save(buf, format=codec.upper())
-    return typestore().types[COMPRESSED_IMAGE](header=hdr, format=f"rgb8; {codec} compressed rgb8",
-                                               data=np.frombuffer(buf.getvalue(), dtype=np.uint8))  # fmt: skip
+    data = np.frombuffer(rgb_to_compressed(rgb, codec), dtype=np.uint8)
+    return typestore().types[COMPRESSED_IMAGE](header=hdr, format=f"rgb8; {codec} compressed rgb8", data=data)
 
 
 def pose_msg(hdr: Any, pos: Sequence[float], quat_xyzw: Sequence[float] = (0.0, 0.0, 0.0, 1.0)) -> Any:

@@ -1,8 +1,8 @@
 """Build the tiny policy's artifacts: a trained tiny VLA, its drafter, a demo database, calibration.
 
-Everything comes from the synthetic demonstrations in `heisd_ros.sim.synthetic` with fixed seeds,
-so tests, `heisd bench --model tiny` and the first demo run the full pipeline in about a minute
-without a simulator. Layout of `out_dir`: model/ drafter/ db/ calibration.json manifest.json.
+Everything comes from the synthetic demonstrations in `heisd_ros.pipeline.synthetic_demos` with
+fixed seeds, so tests, `heisd bench --model tiny` and the first demo run the full pipeline in about
+a minute without a simulator. Layout of `out_dir`: model/ drafter/ db/ calibration.json manifest.json.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from heisd_ros.core.action_tokenizer import NormStats
 from heisd_ros.core.config import FusedMetricConfig, StoreConfig
 from heisd_ros.core.engine import embed_views
 from heisd_ros.models.loader import tiny_vla
+from heisd_ros.pipeline import synthetic_demos
 from heisd_ros.pipeline.training import Example, teacher_forced, train_drafter, train_vla, greedy_tokens
-from heisd_ros.sim import synthetic
 
 log = logging.getLogger(__name__)
 VERSION = 3
@@ -42,7 +42,7 @@ def synthetic_actions(traj: np.ndarray) -> np.ndarray:
 
 
 def _demos(seed: int, n_episodes: int, n_steps: int, image_size: int):
-    steps = list(synthetic.episodes(seed, n_episodes, n_steps, image_size))
+    steps = list(synthetic_demos.episodes(seed, n_episodes, n_steps, image_size))
     by_episode: dict[tuple[str, int], list] = {}
     for s in steps:
         by_episode.setdefault((s.instruction, s.episode), []).append(s)
@@ -116,11 +116,11 @@ def demo_points(vla, by_episode, actions, stats) -> list:
 
 def _live_features(vla, by_episode) -> dict:
     """{(task, episode, step): the VLA's own live feature at the previous step} (AR decoding)."""
+    from heisd_ros.assembly import PolicyParts, assemble_decoders
     from heisd_ros.core.config import DecoderConfig
-    from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.core.types import Observation
 
-    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    ar = assemble_decoders(PolicyParts(vla), {"ar": DecoderConfig(method="ar")})["ar"]
     out = {}
     for (instruction, episode), eps in by_episode.items():
         prev = None

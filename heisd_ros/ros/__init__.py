@@ -9,10 +9,10 @@ The node (`node.PolicyNode`, entry point `node.main`, whose process loop is `nod
   gate of every command, the ~/run_task action and the ~/enable, ~/reset services;
 - `watchdog`: withholds commands while inference overruns its budget;
 - `status`: problems, throttled warnings and step counters; `diagnostics`: the /diagnostics message;
-- `conversions`: messages <-> numpy (images, poses, commands, stats); `outputs`: the publishers;
+- `conversions`: messages <-> numpy (poses, commands, stats; images through
+  `heisd_ros.core.image_codec`); `outputs`: the publishers;
 - `qos`, `log_bridge`, `standalone_args`: topic QoS, core warnings to /rosout, the standalone CLI.
-`playback` publishes and records bags for `heisd replay`, `bag_stream` routes a bag's topics to the
-node's inputs in streamed step segments, `replay_target` finds, starts and warms up the node it replays into.
+Replaying bags into the node (`heisd replay`) is a tool, not part of the node: `heisd_ros.replay`.
 
 Nothing is imported here; `topics`, `sync`, `params`, `param_file`, `status`, `watchdog`, `conversions`,
 `log_bridge` and `standalone_args` import without rclpy.

@@ -8,7 +8,7 @@ the offending input (`quote`), so a hostile message never floods the log:
   silently truncated), then, with the model, its tokens and the whole prompt against the model's
   positions (`ModelInput`);
 - camera frames: the pixel count read from the header before decoding (raw: height x width;
-  compressed: the image header, see conversions.py), the frame's shape against the model's input
+  compressed: the image header, see core/image_codec.py), the frame's shape against the model's input
   (`check_frame_shape`);
 - end-effector pose: inside a workspace box, and no jump from the previous pose faster than an
   arm moves (`PoseGate`).

@@ -91,7 +91,7 @@ def profile(stats: list[StepStats]) -> dict:
 
 def tiny_observations(seed: int, n_episodes: int, n_steps: int) -> list[list[Observation]]:
     """Held-out synthetic episodes (a seed the database was not built from)."""
-    from heisd_ros.sim import synthetic
+    from heisd_ros.pipeline import synthetic_demos as synthetic
 
     episodes: dict[int, list[Observation]] = {}
     for s in synthetic.episodes(seed, n_episodes, n_steps):
@@ -221,8 +221,13 @@ def summarise(name: str, stats: list[StepStats], ar_tokens: list[tuple] | None, 
 
 
 def run(args: argparse.Namespace) -> dict:
-    from heisd_ros.core.engine import HybridDecoder
-    from heisd_ros.policy import PolicyPaths, load_policy, set_torch_threads
+    from heisd_ros.policy import (
+        PolicyPaths,
+        build_decoders,
+        resolve_decoder_config,
+        resolve_paths,
+        set_torch_threads,
+    )
 
     set_torch_threads(args.threads)  # as the node's torch_threads
     torch.manual_seed(args.seed)
@@ -232,8 +237,9 @@ def run(args: argparse.Namespace) -> dict:
         raise SystemExit(f"unknown methods {unknown}; choose from {METHODS}")
     if "ar" not in methods:
         methods = ["ar"] + methods
-    paths = PolicyPaths(args.model, args.drafter, args.db, args.calibration, tiny_cache_dir=args.tiny_dir)
-    # Load only the parts the chosen methods need (e.g. no database for ar,drafter).
+    paths = resolve_paths(PolicyPaths(args.model, args.drafter, args.db, args.calibration, tiny_cache_dir=args.tiny_dir))
+    # The configuration every method shares, resolved as the most demanding method's (the query
+    # views of the database, when one retrieves); the methods differ in `method` alone.
     base = "heisd" if {"retrieval", "heisd"} & set(methods) else "drafter" if {"drafter", "specvla"} & set(methods) else "ar"
     base_cfg = DecoderConfig(method=base, dtype=args.dtype)
     if args.min_path_prob is not None:
@@ -242,14 +248,13 @@ def run(args: argparse.Namespace) -> dict:
     if args.max_tree_nodes is not None:
         base_cfg = dataclasses.replace(
             base_cfg, retrieval=dataclasses.replace(base_cfg.retrieval, max_tree_nodes=args.max_tree_nodes))
-    heisd = load_policy(paths, base_cfg)  # loads model, drafter, database once; the rest share them
+    base_cfg = resolve_decoder_config(base_cfg, paths)
+    # one model, drafter and database (only the parts the chosen methods need), shared by every method
+    decoders = build_decoders(paths, {m: base_cfg.with_method(m) for m in methods}, load_cfg=base_cfg)
     if args.demos:
         episodes = demo_observations(args.demos, args.model, args.tasks, args.episodes, args.steps)
     else:
         episodes = tiny_observations(args.seed + 1000, args.episodes, args.steps)
-
-    decoders = {m: HybridDecoder(heisd.vla, dataclasses.replace(heisd.cfg, method=m), store=heisd.store,
-                                 drafter=heisd.drafter, state_prior=heisd.state_prior) for m in methods}
     for dec in decoders.values():
         dec.profile = args.profile  # exact stage times on a GPU, at the cost of a wait per stage
     pacer = Pacer(args.pace_hz)
@@ -267,7 +272,7 @@ def run(args: argparse.Namespace) -> dict:
         "command": " ".join(["heisd", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "heisd bench",
         "args": vars(args), "seed": args.seed, "threads": args.threads, "pace_hz": args.pace_hz,
         "paced_ticks_skipped": pacer.skipped_ticks, "steps_wall_s": steps_wall_s, "git_rev": git_revision(),
-        "platform": platform.platform(), "torch": torch.__version__, "config": to_dict(heisd.cfg),
+        "platform": platform.platform(), "torch": torch.__version__, "config": to_dict(base_cfg),
         "bootstrap": bootstrap_meta(len(ar_eps), paired=True, unit="input episode"),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from heisd_ros.assembly import PolicyParts, assemble_decoders
 from heisd_ros.core.config import (
     AcceptanceConfig,
     DecoderConfig,
@@ -109,9 +110,8 @@ class Session:
                 cfg, acceptance=AcceptanceConfig(max_token_bias_bins=0, max_group_bias_bins=0),
                 verify_skip=VerifySkipConfig(enabled=False), source_choice=SourceChoiceConfig(enabled=False),
                 fused_metric=FusedMetricConfig(tau=-1.0))
-        drafter = self.drafter if method in ("drafter", "specvla", "heisd") else None
-        return HybridDecoder(self.vla, cfg, store=store, drafter=drafter,
-                             state_prior=self.prior if with_prior else None)
+        parts = PolicyParts(self.vla, self.prior if with_prior else None, self.drafter, store)
+        return assemble_decoders(parts, {method: cfg})[method]
 
     def step(self, decoder: HybridDecoder, obs: Observation) -> StepStats:
         action, st = decoder.step(obs)

@@ -109,15 +109,15 @@ def run_episode(env, expert, decoder, init_state: int, beta: float, seed: int, m
 def run(cfg: DaggerConfig, stop: StopBetweenEpisodes | None = None) -> dict[str, Any]:
     import torch
 
+    from heisd_ros.assembly import PolicyParts, assemble_decoders
     from heisd_ros.core.config import DecoderConfig
-    from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.models.loader import load_policy_model
     from heisd_ros.sim.expert import ExpertConfig, WaypointExpert
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     vla, prior = load_policy_model(cfg.model_dir)
-    decoder = HybridDecoder(vla, DecoderConfig(method="ar"), state_prior=prior)
+    decoder = assemble_decoders(PolicyParts(vla, prior), {"ar": DecoderConfig(method="ar")})["ar"]
     expert = WaypointExpert(ExpertConfig(resync=True))
     root = Path(cfg.out_dir) / cfg.suite
     summary_path = root / "summary.json"

@@ -43,11 +43,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.pipeline.bags import BagTopics, topic_counts
 from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
+
+if TYPE_CHECKING:
+    from heisd_ros.policy import PolicyPaths
 
 
 @dataclass(frozen=True)
@@ -119,30 +123,32 @@ PUBLISHED_DB_INIT_STATES = "0-9"
 
 
 def resolve(cfg: DemoConfig) -> DemoConfig:
-    """Concrete policy paths and scene for `model_dir='auto'` / `scene='auto'`: the pipeline's
-    artifacts when present, else the committed mini policy (models/mini_libero, with a one-task
-    database the demo builds), else the tiny policy."""
+    """Concrete policy paths and scene for `model_dir='auto'` / `scene='auto'` (`policy.choose_auto`):
+    the pipeline's artifacts when present, else the committed mini policy (models/mini_libero, with
+    a one-task database the demo builds), else the tiny policy (built by `run`). A trained policy
+    found so runs on a LIBERO bag, any other on a synthetic one."""
+    from heisd_ros.policy import PolicyPaths, choose_auto, is_tiny
     from heisd_ros.tools.publish_mini import published_paths, published_present
 
-    if cfg.model_dir == "auto":
-        if mini_artifacts_present():
-            cfg = _mini_policy(cfg, MINI_ARTIFACTS)
-        elif published_present():
-            db = PUBLISHED_DB / f"{cfg.libero_suite}_task{cfg.libero_task}"
-            cfg = _mini_policy(cfg, {**published_paths(), "db_path": db})
-        else:
-            cfg = dataclasses.replace(cfg, model_dir="tiny")
-    if cfg.scene == "auto":
-        cfg = dataclasses.replace(cfg, scene="synthetic")
-    return cfg
+    trained = []  # the first present only: choose_auto takes the first
+    if mini_artifacts_present():
+        trained.append(PolicyPaths(**MINI_ARTIFACTS))
+    elif published_present():
+        db = PUBLISHED_DB / f"{cfg.libero_suite}_task{cfg.libero_task}"
+        trained.append(PolicyPaths(**{k: str(v) for k, v in published_paths().items()}, db_path=str(db)))
+    given = policy_paths(cfg)
+    chosen = choose_auto(given, trained)
+    found_trained = chosen != given and not is_tiny(chosen.model_dir)  # 'auto' found one of `trained`
+    scene = cfg.scene if cfg.scene != "auto" else "libero" if found_trained else "synthetic"
+    return dataclasses.replace(cfg, model_dir=chosen.model_dir, drafter_dir=chosen.drafter_dir, db_path=chosen.db_path,
+                               calibration_path=chosen.calibration_path, scene=scene)
 
 
-def _mini_policy(cfg: DemoConfig, paths: dict) -> DemoConfig:
-    """cfg running the mini policy at `paths` (model_dir, drafter_dir, db_path, calibration_path)
-    on a LIBERO bag; paths the user gave explicitly win, except the model (it was 'auto')."""
-    chosen = {k: getattr(cfg, k) or str(v) for k, v in paths.items()}
-    chosen["model_dir"] = str(paths["model_dir"])
-    return dataclasses.replace(cfg, **chosen, scene="libero" if cfg.scene == "auto" else cfg.scene)
+def policy_paths(cfg: DemoConfig) -> PolicyPaths:
+    """The policy files `cfg` names."""
+    from heisd_ros.policy import PolicyPaths
+
+    return PolicyPaths(cfg.model_dir, cfg.drafter_dir, cfg.db_path, cfg.calibration_path)
 
 
 def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
@@ -217,21 +223,18 @@ def _bag_steps(bag: Path) -> int:
 
 
 def run(cfg: DemoConfig, say=print) -> dict:
+    from heisd_ros.policy import DEFAULT_TINY_DIR, is_tiny, resolve_paths
     from heisd_ros.tools import replay as rp
     from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
 
     t0 = time.monotonic()
     cfg = resolve(cfg)
-    if cfg.model_dir == "tiny":
-        from heisd_ros.pipeline.tiny_artifacts import build_tiny_artifacts
-        from heisd_ros.policy import DEFAULT_TINY_DIR
-
+    if is_tiny(cfg.model_dir):
         say(f"[1/3] tiny policy (trained once, cached in {DEFAULT_TINY_DIR})")
-        root = build_tiny_artifacts(DEFAULT_TINY_DIR, progress=lambda m: say(f"      {m}"))
+        tiny = resolve_paths(policy_paths(cfg), progress=lambda m: say(f"      {m}"))
         # the node loads only the directories it is given: name each one
-        cfg = dataclasses.replace(cfg, model_dir=str(root / "model"), drafter_dir=cfg.drafter_dir or str(root / "drafter"),
-                                  db_path=cfg.db_path or str(root / "db"),
-                                  calibration_path=cfg.calibration_path or str(root / "calibration.json"))  # fmt: skip
+        cfg = dataclasses.replace(cfg, model_dir=tiny.model_dir, drafter_dir=tiny.drafter_dir, db_path=tiny.db_path,
+                                  calibration_path=tiny.calibration_path)  # fmt: skip
     else:
         say(f"[1/3] policy from {cfg.model_dir}")
         if cfg.db_path and cfg.db_path.startswith(str(PUBLISHED_DB)):

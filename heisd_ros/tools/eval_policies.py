@@ -40,6 +40,17 @@ class TimedStore:
     def close(self) -> None:  # the shared store is closed once, by the evaluator
         pass
 
+    # the rest of the engine's DemoStore, forwarded by name (isinstance checks of a Protocol do not
+    # go through __getattr__ from Python 3.12 on)
+    def has_task(self, task: str) -> bool:
+        return self._store.has_task(task)
+
+    def tasks(self) -> list[str]:
+        return self._store.tasks()
+
+    def health(self) -> tuple[bool, str]:
+        return self._store.health()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
@@ -68,22 +79,18 @@ class Policies:
     """One HybridDecoder per method over one loaded VLA, drafter and database."""
 
     def __init__(self, cfg: EvalLiberoConfig) -> None:
-        from heisd_ros.core.drafter import load_drafter
-        from heisd_ros.core.engine import NEEDS_DRAFTER, NEEDS_STORE, HybridDecoder
-        from heisd_ros.models.dtypes import DTYPES
-        from heisd_ros.models.loader import load_model
-        from heisd_ros.models.spec import ModelSpec
+        from heisd_ros.assembly import assemble_decoders
+        from heisd_ros.core.engine import NEEDS_STORE
         from heisd_ros.policy import (
             PolicyPaths,
-            open_store,
+            load_parts,
             resolve_decoder_config,
             resolve_paths,
         )
 
-        tiny = cfg.model_dir == "tiny"  # the tiny policy brings its own drafter, database and calibration
-        raw = PolicyPaths(cfg.model_dir, "" if tiny else cfg.drafter_dir, "" if tiny else cfg.db_path,
-                          "" if tiny else cfg.calibration_path, tiny_cache_dir=cfg.tiny_dir)
-        self.paths = resolve_paths(raw)
+        raw = PolicyPaths(cfg.model_dir, cfg.drafter_dir, cfg.db_path, cfg.calibration_path, tiny_cache_dir=cfg.tiny_dir)
+        # the path defaults name the mini policy's files: the tiny policy brings its own
+        self.paths = resolve_paths(raw, tiny_own_files=True)
         variants = {v.name: v for v in cfg.variants}
         method_of = {m: variants[m].method if m in variants else m for m in cfg.labels}
         needs_store = any(m in NEEDS_STORE for m in method_of.values())
@@ -91,19 +98,14 @@ class Policies:
         base = resolve_decoder_config(_base_config(cfg), self.paths if needs_store else
                                       dataclasses.replace(self.paths, db_path=""))
         self.base_cfg = base
-        self.vla, prior = load_model(ModelSpec.of_decoder(self.paths.model_dir, base))
-        drafter = None
-        if any(m in NEEDS_DRAFTER for m in method_of.values()):
-            lm_cfg = self.vla.language_model.config
-            drafter = load_drafter(self.paths.drafter_dir, lm_cfg, DTYPES[cfg.dtype])
-        self.store = open_store(base, self.paths, None) if needs_store else None
+        parts = load_parts(self.paths, base, method_of.values())  # one model, drafter and database
+        self.vla, self.store = parts.vla, parts.store
         self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.labels}
         configs = {m: variants[m].config(base) if m in variants else base.with_method(m) for m in cfg.labels}
-        self.decoders = {m: HybridDecoder(self.vla, configs[m], store=self.timed[m], drafter=drafter,
-                                          state_prior=prior) for m in cfg.labels}
+        self.decoders = assemble_decoders(parts, configs, stores=self.timed)
         self.online = frozenset(cfg.online_methods)
         """Labels whose verify-skip thresholds carry over between episodes (the online stage)."""
-        self.shadow = (HybridDecoder(self.vla, base.with_method("ar"), state_prior=prior)
+        self.shadow = (assemble_decoders(parts, {"shadow": base.with_method("ar")}, stores={"shadow": None})["shadow"]
                        if cfg.shadow_ar else None)
         """Greedy `ar` on the observations of lossy steps (never timed, never executed)."""
         for decoder in [*self.decoders.values(), *([self.shadow] if self.shadow else [])]:

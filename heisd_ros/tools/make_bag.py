@@ -8,8 +8,8 @@ Usage:
 Per episode: the instruction (std_msgs/String), then per step the end-effector pose
 (geometry_msgs/PoseStamped) and one image per view (sensor_msgs/Image or CompressedImage) whose
 stamps differ by at most `jitter_s`, and at the end the episode result (std_msgs/Bool). The scenes
-come from `heisd_ros.sim.synthetic` (the tiny model's world) with their own seed, so a bag is
-held-out data for the tiny database. Each step also records its demonstrated action on /arm_command
+come from `heisd_ros.pipeline.synthetic_demos` (the tiny model's world) with their own seed, so a
+bag is held-out data for the tiny database. Each step also records its demonstrated action on /arm_command
 (heisd_ros/ArmCommand, the tiny policy's action definition), which `heisd replay --plots` draws the
 node's commands against; the replay never publishes it. Deterministic for a given configuration.
 """
@@ -83,8 +83,8 @@ class MakeBagConfig:
     """Replaces the instruction of every episode ('' = the synthetic task's own; tests use it for unknown tasks)."""
 
     def __post_init__(self) -> None:
-        from heisd_ros.ros.conversions import SUPPORTED_ENCODINGS
-        from heisd_ros.sim.synthetic import TASKS
+        from heisd_ros.core.image_codec import SUPPORTED_ENCODINGS
+        from heisd_ros.pipeline.synthetic_demos import TASKS
 
         if self.episodes < 1 or self.steps < 1:
             raise ConfigError("episodes and steps must be >= 1")
@@ -117,11 +117,12 @@ def _image(rgb: np.ndarray, t_s: float, frame: str, cfg: MakeBagConfig) -> Any:
 
 def _episodes(cfg: MakeBagConfig):
     """Each episode's steps and its demonstrated actions [T, 7] (the tiny policy's action definition)."""
+    from heisd_ros.pipeline import synthetic_demos
     from heisd_ros.pipeline.tiny_artifacts import synthetic_actions
-    from heisd_ros.sim import synthetic
 
     steps: list = []
-    for s in synthetic.episodes(cfg.seed, cfg.episodes, cfg.steps, cfg.image_size, tasks=synthetic.TASKS[: cfg.tasks]):
+    tasks = synthetic_demos.TASKS[: cfg.tasks]
+    for s in synthetic_demos.episodes(cfg.seed, cfg.episodes, cfg.steps, cfg.image_size, tasks=tasks):
         if steps and (s.instruction, s.episode) != (steps[0].instruction, steps[0].episode):
             yield steps, synthetic_actions(np.stack([x.ee_pos for x in steps]))
             steps = []

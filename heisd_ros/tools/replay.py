@@ -54,10 +54,10 @@ from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.pipeline import bags
 from heisd_ros.pipeline.outputs import git_revision
-from heisd_ros.ros import replay_target as target
+from heisd_ros.replay import target
+from heisd_ros.replay.bag_stream import RoutePlan, StreamLog, plan_routes, stream_segments
+from heisd_ros.replay.playback import MethodRun, PlayConfig, Player, Recorder
 from heisd_ros.ros import topics
-from heisd_ros.ros.bag_stream import RoutePlan, StreamLog, plan_routes, stream_segments
-from heisd_ros.ros.playback import MethodRun, PlayConfig, Player, Recorder
 from heisd_ros.tools.replay_summary import (
     add_speedups,
     episode_step_ms,

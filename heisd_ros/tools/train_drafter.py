@@ -106,8 +106,8 @@ def agreement(vla, drafter, own_examples, batch_size: int = 64) -> dict:
 
 def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int, state_prior=None) -> dict:
     """Run the engine's `drafter` and `ar` methods on `n_steps` held-out steps (spread over `refs`)."""
+    from heisd_ros.assembly import PolicyParts, assemble_decoders
     from heisd_ros.core.config import DecoderConfig
-    from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.core.types import Observation
     from heisd_ros.pipeline.episodes import VIEWS, load_episode
 
@@ -116,8 +116,9 @@ def engine_accept_length(vla, drafter, refs, n_steps: int, seed: int, state_prio
     per_episode = max(1, n_steps // len(refs))
     rng = np.random.default_rng(seed)
     views = VIEWS[: vla.prompt_views]  # what the prompt reads: a one-camera recording suffices for OpenVLA
-    ar = HybridDecoder(vla, DecoderConfig(method="ar", views=views), state_prior=state_prior)
-    sd = HybridDecoder(vla, DecoderConfig(method="drafter", views=views), drafter=drafter, state_prior=state_prior)
+    decoders = assemble_decoders(PolicyParts(vla, state_prior, drafter),
+                                 {m: DecoderConfig(method=m, views=views) for m in ("ar", "drafter")})
+    ar, sd = decoders["ar"], decoders["drafter"]
     accept, forwards, same, ms_ar, ms_sd = [], [], [], [], []
     for ref in refs:
         ep = load_episode(ref)

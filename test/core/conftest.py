@@ -12,7 +12,7 @@ from heisd_ros.core.config import DecoderConfig, StoreConfig
 from heisd_ros.core.drafter import EagleDrafter
 from heisd_ros.core.engine import HybridDecoder, embed_views
 from heisd_ros.models.loader import tiny_vla
-from heisd_ros.sim.synthetic import random_observation
+from heisd_ros.pipeline.synthetic_demos import random_observation
 
 
 class Helpers:

@@ -11,7 +11,7 @@ from heisd_ros.core.engine import HybridDecoder
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import GripperDebounce
 from heisd_ros.core.types import GRIPPER_INDEX, gripper_command
-from heisd_ros.sim.synthetic import random_observation
+from heisd_ros.pipeline.synthetic_demos import random_observation
 
 
 def reference(wanted: list[float], hold: int) -> list[float]:

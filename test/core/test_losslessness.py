@@ -20,7 +20,7 @@ from heisd_ros.core.drafter_block import FusedDrafterBlock
 from heisd_ros.core.engine import HybridDecoder, _StepDecode, embed_views
 from heisd_ros.core.tree import DraftTree, sequence_tree
 from heisd_ros.core.verifier import TargetSession
-from heisd_ros.sim.synthetic import random_observation as random_obs
+from heisd_ros.pipeline.synthetic_demos import random_observation as random_obs
 
 SEEDS = range(50)
 

@@ -39,7 +39,7 @@ from heisd_ros.core.config import (
 )
 from heisd_ros.core.engine import HybridDecoder
 from heisd_ros.core.types import ACTION_DIM, Hit
-from heisd_ros.sim.synthetic import random_observation as random_obs
+from heisd_ros.pipeline.synthetic_demos import random_observation as random_obs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -123,6 +123,9 @@ class ListStore:
 
     def has_task(self, task: str) -> bool:
         return True
+
+    def tasks(self) -> list[str]:
+        return []
 
     def health(self) -> tuple[bool, str]:
         return True, "list store"

@@ -28,7 +28,7 @@ from heisd_ros.core.engine import HybridDecoder, _StepDecode, embed_views
 from heisd_ros.core.verifier import TargetSession
 from heisd_ros.models.openvla import load_openvla
 from heisd_ros.models.openvla_random import PRESETS, write_random_checkpoint
-from heisd_ros.sim.synthetic import random_observation
+from heisd_ros.pipeline.synthetic_demos import random_observation
 
 pytestmark = pytest.mark.slow  # end to end: an OpenVLA-shaped checkpoint decoded every way
 

@@ -21,7 +21,7 @@ from heisd_ros.core.drafter import EagleDrafter
 from heisd_ros.core.engine import HybridDecoder
 from heisd_ros.core.errors import InvalidObservationError, ModelLoadError
 from heisd_ros.models.loader import load_vla, tiny_vla, tiny_vla_config
-from heisd_ros.sim.synthetic import random_observation
+from heisd_ros.pipeline.synthetic_demos import random_observation
 
 INSTRUCTION = "pick up the red block"
 

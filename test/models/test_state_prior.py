@@ -18,7 +18,7 @@ from heisd_ros.core.errors import InvalidObservationError
 from heisd_ros.core.tree import sequence_tree
 from heisd_ros.models.loader import load_policy_model, tiny_vla
 from heisd_ros.models.state_prior import StatePriorConfig, fit_state_prior, load_state_prior, task_key
-from heisd_ros.sim.synthetic import TASKS, random_observation
+from heisd_ros.pipeline.synthetic_demos import TASKS, random_observation
 
 GAP = 0.04
 

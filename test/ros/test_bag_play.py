@@ -1,7 +1,7 @@
 """`ros2 bag play BAG --clock` against the policy node, as docs/node.md tells users to run it.
 
 ros2 bag (rosbag2_py) cannot be installed in the test environment, so the bag is played the same
-way by `heisd_ros.ros.playback.Player`: every message on its recorded topic with its recorded
+way by `heisd_ros.replay.playback.Player`: every message on its recorded topic with its recorded
 stamps, at the recorded pace, and /clock (rosgraph_msgs/Clock) from the bag's time. The node runs
 with use_sim_time:=true and its inputs remapped to the recording's topic names."""
 
@@ -19,9 +19,9 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.parameter import Parameter
 
 from heisd_ros.pipeline.bags import read_topics, topic_types
-from heisd_ros.ros.bag_stream import Route, RoutePlan, stream_segments
+from heisd_ros.replay.bag_stream import Route, RoutePlan, stream_segments
 from heisd_ros.ros.node import PolicyNode
-from heisd_ros.ros.playback import MethodRun, PlayConfig, Player
+from heisd_ros.replay.playback import MethodRun, PlayConfig, Player
 from heisd_ros.tools.make_recording import (
     CAMERAS,
     INSTRUCTION,

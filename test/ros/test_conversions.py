@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sensor_msgs.msg import CompressedImage, Image
 
+from heisd_ros.core import image_codec
 from heisd_ros.core.errors import InvalidObservationError
 from heisd_ros.core.types import StepStats
 from heisd_ros.ros import conversions as conv
@@ -143,7 +144,7 @@ def test_compressed_wrong_size_and_format():
 
 
 def test_no_decoder_installed_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(conv, "COMPRESSED_DECODERS", {"none": (lambda: False, None)})
+    monkeypatch.setattr(image_codec, "COMPRESSED_DECODERS", {"none": (lambda: False, None)})
     msg = CompressedImage(format="jpeg", data=b"\xff\xd8\xff")
     with pytest.raises(InvalidObservationError, match="no compressed-image decoder is installed"):
         conv.compressed_to_rgb(msg)

@@ -15,8 +15,8 @@ from rclpy.parameter import Parameter
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.pipeline.bags import BagError, read_messages, topic_types
-from heisd_ros.ros import replay_target
-from heisd_ros.ros.bag_stream import StreamLog, plan_routes, stream_segments
+from heisd_ros.replay import target
+from heisd_ros.replay.bag_stream import StreamLog, plan_routes, stream_segments
 from heisd_ros.ros.node import PolicyNode
 from heisd_ros.tools import replay as rp
 from heisd_ros.tools.make_bag import MakeBagConfig, make_bag
@@ -41,8 +41,8 @@ def bag(tmp_path_factory):
 
 def read_bag(bag, slop_s=0.05):
     """Every routed message of `bag` (default topics of the node in the root namespace) and the step count."""
-    cfg = replay_target.load_node_config(None)
-    plan = plan_routes(topic_types(bag), replay_target.input_targets(cfg, "policy_node", "/"), cfg.decoder.views)
+    cfg = target.load_node_config(None)
+    plan = plan_routes(topic_types(bag), target.input_targets(cfg, "policy_node", "/"), cfg.decoder.views)
     log = StreamLog()
     messages = [m for seg in stream_segments(bag, plan, slop_s, log) for m in seg.messages]
     return messages, log.steps
@@ -125,7 +125,7 @@ def test_episodes_and_speedup_of_a_one_episode_bag():
     """Episodes split where the node's step_id starts again; one episode gives no interval."""
     from types import SimpleNamespace
 
-    from heisd_ros.ros.playback import MethodRun
+    from heisd_ros.replay.playback import MethodRun
 
     def run(method, ids, ms):
         return MethodRun(method, stats=[(0.0, SimpleNamespace(step_id=i, total_ms=t, mode="ar", llm_forwards=7,
@@ -268,7 +268,7 @@ def test_random_bag_files_are_a_clear_error(small_bags, storage, junk, where):
 def test_fast_replay_stops_with_the_node_refusal_instead_of_waiting_out_every_step(bag, tmp_path):
     """The bag's pose is in base_link, the node commands in another frame: every step is refused.
     The replay stops after max_silent_steps steps with the node's reason, not 12 step timeouts."""
-    from heisd_ros.ros.playback import ReplayStalled
+    from heisd_ros.replay.playback import ReplayStalled
 
     cfg = _cfg(tmp_path, step_timeout_s=1.0, max_silent_steps=3,
                params=("control_rate_hz:=50.0", "diagnostics_period_s:=0.2", "command_frame_id:=world"))  # fmt: skip

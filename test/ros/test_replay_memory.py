@@ -17,9 +17,9 @@ import pytest
 from fake_decoder import FakeDecoder
 
 from heisd_ros.pipeline.bags import topic_types
-from heisd_ros.ros import replay_target
-from heisd_ros.ros.bag_stream import StreamLog, plan_routes, stream_segments
-from heisd_ros.ros.playback import rss_mb
+from heisd_ros.replay import target
+from heisd_ros.replay.bag_stream import StreamLog, plan_routes, stream_segments
+from heisd_ros.replay.playback import rss_mb
 from heisd_ros.tools import replay as rp
 from heisd_ros.tools.make_recording import RecordingConfig, make_recording
 
@@ -70,8 +70,8 @@ class Sampler:
 
 
 def test_reading_streams(long_bag):
-    cfg = replay_target.load_node_config(None)
-    plan = plan_routes(topic_types(long_bag), replay_target.input_targets(cfg, "policy_node", "/"), cfg.decoder.views,
+    cfg = target.load_node_config(None)
+    plan = plan_routes(topic_types(long_bag), target.input_targets(cfg, "policy_node", "/"), cfg.decoder.views,
                        rp.ReplayConfig(maps=MAPS).explicit_map())  # fmt: skip
     log = StreamLog()
     start = rss_mb()

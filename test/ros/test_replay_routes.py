@@ -144,7 +144,7 @@ def test_plots_are_written(recording, tmp_path):
 def test_inputs_resolve_against_the_node_topic_names():
     """--map and name matching use the node's fixed names (heisd_ros.ros.topics) in its namespace;
     a compressed view also matches a recording that carries it under the raw name."""
-    from heisd_ros.ros.replay_target import input_targets, load_node_config
+    from heisd_ros.replay.target import input_targets, load_node_config
 
     plain = input_targets(load_node_config(None), "policy_node", "/arm")
     assert plain["agentview"] == ("/arm/agentview/image_raw", "/agentview/image_raw")

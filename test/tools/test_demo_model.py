@@ -124,7 +124,7 @@ def test_publish_mini_round_trip(tmp_path) -> None:
     from heisd_ros.core.drafter import EagleDrafter, load_drafter
     from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.models.loader import load_vla, tiny_vla
-    from heisd_ros.sim.synthetic import random_observation
+    from heisd_ros.pipeline.synthetic_demos import random_observation
     from heisd_ros.tools.publish_mini import PublishConfig, publish, published_paths, published_present
 
     torch.set_num_threads(1)

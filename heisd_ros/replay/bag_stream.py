@@ -1,5 +1,5 @@
 """A bag's input messages streamed in recorded order, routed to the policy node's inputs and cut
-into synchronised steps. ROS-free; `heisd_ros.ros.playback` publishes what it yields.
+into synchronised steps. ROS-free; `heisd_ros.replay.playback` publishes what it yields.
 
 - `plan_routes`: which bag topics feed which input of the node (a view by name, `pose`,
   `joint_states`, `instruction`, `episode_result`): explicit `--map` entries first, then topics

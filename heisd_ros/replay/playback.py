@@ -1,6 +1,6 @@
 """The live-topic side of `heisd replay`: a bag's segments published as raw CDR, outputs recorded.
 
-`Player` publishes the segments of `heisd_ros.ros.bag_stream` on the node's input topics, paced by
+`Player` publishes the segments of `heisd_ros.replay.bag_stream` on the node's input topics, paced by
 their recorded times (optionally with `/clock` from the bag's time, like `ros2 bag play --clock`)
 or in lockstep with the node; `Recorder` subscribes to the node's outputs without deserialising
 them for the bag it writes, and keeps one small record per step. rclpy is imported lazily.
@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from heisd_ros.core.errors import HeisdError
 from heisd_ros.pipeline import bags
-from heisd_ros.ros.bag_stream import (
+from heisd_ros.replay.bag_stream import (
     EVENT_KINDS,
     BagMessage,
     RoutePlan,

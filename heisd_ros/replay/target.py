@@ -18,15 +18,15 @@ import numpy as np
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.pipeline import bags
+from heisd_ros.replay.bag_stream import RoutePlan, stream_segments
+from heisd_ros.replay.playback import OUTPUT_TYPES
 from heisd_ros.ros import topics
-from heisd_ros.ros.bag_stream import RoutePlan, stream_segments
 from heisd_ros.ros.params import (
     REMOVED_PARAMETERS,
     PolicyNodeConfig,
     build_config,
     param_specs,
 )
-from heisd_ros.ros.playback import OUTPUT_TYPES
 
 NODE_NAME = "policy_node"
 
