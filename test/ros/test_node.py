@@ -717,3 +717,36 @@ def test_invalid_parameter_file_exits_with_reason():
     assert proc.returncode == 1
     assert "control_rate_hz must be in (0, 1000]" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_decoder_parameters_answer_the_shipped_point_and_an_explicit_value_beats_it(rig):
+    """One name per setting: with the shipped operating point, decoder.* answer the point's values
+    (what the decoder was configured with); `-p decoder.fused_metric.tau:=0.3` beats the file."""
+    import json
+
+    from rclpy.parameter import Parameter
+
+    point_path = REPO / "models" / "mini_libero" / "calibration.json"
+    point = json.loads(point_path.read_text())
+    policy = rig.start(decoder=None, calibration_path=str(point_path))
+    try:
+        for name, value in (("decoder.fused_metric.tau", point["fused_metric"]["tau"]),
+                            ("decoder.verify_skip.min_similarity", point["verify_skip"]["min_similarity"]),
+                            ("decoder.verify_skip.max_consecutive_skips", point["verify_skip"]["max_consecutive_skips"]),
+                            ("decoder.retrieval.position_pool", point["retrieval"]["position_pool"])):  # fmt: skip
+            got = policy.get_parameter(name).value
+            assert got == value, (name, got, value)
+        assert policy.cfg.decoder.fused_metric.tau == point["fused_metric"]["tau"]
+    finally:
+        rig.stop()
+    policy = rig.start(decoder=None, calibration_path=str(point_path), **{"decoder.fused_metric.tau": 0.3})
+    try:
+        assert policy.get_parameter("decoder.fused_metric.tau").value == 0.3
+        assert policy.cfg.decoder.fused_metric.tau == 0.3
+        assert policy.get_parameter("decoder.verify_skip.min_similarity").value == point["verify_skip"]["min_similarity"]
+        assert any("explicit" in line and "fused_metric.tau=0.3" in line for line in rig.policy_logs(20)), \
+            "configure's log does not name the explicit value"  # fmt: skip
+        refused = policy.set_parameters([Parameter("decoder.fused_metric.tau", value=0.5)])[0]
+        assert not refused.successful and "configure" in refused.reason
+    finally:
+        rig.stop()
