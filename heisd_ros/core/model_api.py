@@ -112,12 +112,24 @@ class DecoderInputs:
     """Positions of the whole prompt for an instruction."""
 
 
+class SkipThresholds(Protocol):
+    """Verify-skip's running thresholds: the configured ones, moved by episode feedback."""
+
+    min_similarity: float
+    max_distance_m: float
+
+
 @runtime_checkable
 class Decoder(Protocol):
     """One policy step at a time, episode by episode: what the node, replay and the evaluation use."""
 
     @property
     def inputs(self) -> DecoderInputs: ...
+
+    @property
+    def skip(self) -> SkipThresholds:
+        """Verify-skip's thresholds as they run now (episode feedback moves them from decoder.verify_skip.*)."""
+        ...
 
     def known_tasks(self) -> list[str]:
         """The tasks its database holds demonstrations of ([] without a database, or while it is down)."""

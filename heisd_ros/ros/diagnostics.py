@@ -30,6 +30,8 @@ class NodeState:
     """(database healthy, status text) from the decoder's last health check."""
     worker_restarts: int = 0
     """Inference threads started after one died."""
+    skip_thresholds: tuple[float, float] | None = None
+    """Verify-skip's running (min_similarity, max_distance_m): feedback moves them from decoder.verify_skip.*."""
     sync_refusals: Mapping[str, int] = field(default_factory=dict)
     """Control ticks whose inputs formed no set, by kind (sync.REFUSAL_KINDS), since configure."""
     commanding: str = ""
@@ -88,6 +90,8 @@ def _values(cfg: PolicyNodeConfig, snap: StatusSnapshot, state: NodeState) -> di
         "fallback_steps": str(snap.fallbacks), "watchdog": "tripped" if state.watchdog_tripped else "ok",
         "watchdog_trips": str(state.watchdog_trips), "clock_resets": str(state.clock_resets),
         "worker_restarts": str(state.worker_restarts), "sync_refusals": _pairs(state.sync_refusals),
+        **({"verify_skip_min_similarity_running": f"{state.skip_thresholds[0]:.4f}",
+            "verify_skip_max_distance_m_running": f"{state.skip_thresholds[1]:.4f}"} if state.skip_thresholds else {}),
         "mode_mix": _pairs(snap.modes), "rejected": _pairs(snap.rejected), "last_error": snap.last_error,
         "last_error_age_s": f"{snap.last_error_age_s:.1f}" if snap.last_error else "",
         "database_healthy": str(health_ok), "database_status": health_text,

@@ -410,12 +410,17 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             clock_resets, sync_refusals = session.sync.clock_resets, dict(session.sync.refusals)
         state = NodeState(instruction=self.instruction, watchdog_tripped=session.watchdog.tripped,
                           watchdog_trips=session.watchdog.state.trips, clock_resets=clock_resets,
-                          sync_refusals=sync_refusals,
+                          sync_refusals=sync_refusals, skip_thresholds=_running_thresholds(session.decoder),
                           health=session.runner.health, worker_restarts=session.worker.restarts,
                           commanding=self._task.commanding)  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
         msg.header.stamp = self.get_clock().now().to_msg()
         session.diagnostics_pub.publish(msg)
+
+
+def _running_thresholds(decoder: Decoder) -> tuple[float, float]:
+    """Verify-skip's thresholds as they run (read without a lock: two floats the worker replaces)."""
+    return float(decoder.skip.min_similarity), float(decoder.skip.max_distance_m)
 
 
 def main(argv: list[str] | None = None) -> int:

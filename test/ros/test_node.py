@@ -750,3 +750,14 @@ def test_decoder_parameters_answer_the_shipped_point_and_an_explicit_value_beats
         assert not refused.successful and "configure" in refused.reason
     finally:
         rig.stop()
+
+
+def test_diagnostics_show_the_running_verify_skip_thresholds(rig, policy):
+    """Episode feedback moves verify-skip's thresholds away from decoder.verify_skip.*: /diagnostics
+    shows the ones that run."""
+    rig.decoder.skip.min_similarity, rig.decoder.skip.max_distance_m = 0.9123, 0.0151
+    k0 = len(rig.diags)
+    assert rig.wait(lambda: any(s.get("verify_skip_min_similarity_running") == "0.9123"
+                                for _, _, s in rig.policy_status(k0)), 5.0)  # fmt: skip
+    values = [s for _, _, s in rig.policy_status(k0) if "verify_skip_max_distance_m_running" in s][-1]
+    assert values["verify_skip_max_distance_m_running"] == "0.0151"
