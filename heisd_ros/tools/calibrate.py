@@ -88,7 +88,7 @@ class CalibrateConfig:
     """OpenVLA's 90 % centre crop, as given to build-db and used by the policy."""
     tau_rule: str = "balanced"
     step_costs_from: str = ""
-    """eval-libero log to measure step costs from (`eval_report.step_costs`)."""
+    """eval-libero log to measure step costs from (`libero_runs.step_costs`)."""
     step_costs_ms: tuple[float, ...] = ()
     """drafter, retrieval-pass, retrieval-fail step times in ms (instead of a log)."""
     pin_tau: float | None = None
@@ -131,7 +131,7 @@ class CalibrateConfig:
 
     def costs(self):
         from heisd_ros.pipeline.calibration import StepCosts
-        from heisd_ros.tools.eval_report import step_costs
+        from heisd_ros.pipeline.libero_runs import step_costs
 
         if self.step_costs_ms:
             return StepCosts(*self.step_costs_ms)

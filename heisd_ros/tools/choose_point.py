@@ -38,8 +38,9 @@ from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.core.config import DecoderConfig, from_dict
 from heisd_ros.core.files import read_json
 from heisd_ros.pipeline.calibration import POINT_SCALARS, POINT_SECTIONS, apply_point, complete_point, save_calibration
-from heisd_ros.tools.eval_evidence import LOSSY_CLASSES, class_figures
-from heisd_ros.tools.eval_variants import MethodVariant, parse_variants
+from heisd_ros.pipeline.libero_runs import LOSSY_CLASSES, class_figures
+from heisd_ros.pipeline.method_variants import MethodVariant, parse_variants
+from heisd_ros.pipeline.outputs import file_digest
 
 SECTIONS = (*POINT_SECTIONS, *POINT_SCALARS)
 """What an operating-point file holds, hence what a candidate may change."""
@@ -151,8 +152,6 @@ def write_point(report: dict[str, Any], calibration: dict[str, Any], variant: Me
 
 
 def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) -> dict[str, Any]:
-    from heisd_ros.tools.eval_policies import file_digest
-
     report = read_json(run_path, ConfigError)
     used = report.get("_meta", {}).get("model", {}).get("calibration_digest")
     if used != file_digest(calibration_path):

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.pipeline.bags import BagTopics, topic_counts
-from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
+from heisd_ros.pipeline.libero_runs import EVAL_INIT_STATES
 
 if TYPE_CHECKING:
     from heisd_ros.policy import PolicyPaths
@@ -127,8 +127,8 @@ def resolve(cfg: DemoConfig) -> DemoConfig:
     the pipeline's artifacts when present, else the committed mini policy (models/mini_libero, with
     a one-task database the demo builds), else the tiny policy (built by `run`). A trained policy
     found so runs on a LIBERO bag, any other on a synthetic one."""
+    from heisd_ros.pipeline.libero_runs import published_paths, published_present
     from heisd_ros.policy import PolicyPaths, choose_auto, is_tiny
-    from heisd_ros.tools.publish_mini import published_paths, published_present
 
     trained = []  # the first present only: choose_auto takes the first
     if mini_artifacts_present():

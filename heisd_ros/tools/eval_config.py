@@ -9,8 +9,8 @@ from pathlib import Path
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.tools.eval_variants import MethodVariant
-from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
+from heisd_ros.pipeline.libero_runs import EVAL_INIT_STATES
+from heisd_ros.pipeline.method_variants import MethodVariant
 
 PURPOSE_INIT_STATES = {"evaluation": tuple(EVAL_INIT_STATES), "calibration": tuple(range(20, 40))}
 """Which LIBERO init states each kind of run may use."""

@@ -37,16 +37,13 @@ from heisd_ros.pipeline.figures import (
     ratio_of_sums,
     speedup_figures,
 )
+from heisd_ros.pipeline.libero_runs import LOSSY_CLASSES
 
 CONTENDED_CPU_FACTOR = 1.5
 CONTENDED_SLACK_MS = 2.0
 CONTENDED_SHARE_LIMIT = 0.02
 """A run with more contended steps than this (of any method) is flagged: its wall times are not quiet."""
 GROUP_SLICES = {"position": slice(0, 3), "rotation": slice(3, 6)}
-LOSSY_CLASSES = ("skip", "relaxed", "token_relaxed")
-"""What a lossy step did. `skip`: a demonstration's action executed with no verification;
-`relaxed`: a retrieval-mode step whose retrieved draft passed a relaxed rule (sequence-wise or token
-by token); `token_relaxed`: a drafter-mode step accepted token by token (specvla)."""
 
 
 def lossy_class(step: dict[str, Any]) -> str:
@@ -193,11 +190,6 @@ def shadow_deviation(steps: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
             "all_steps_strict_as_zero": _deviation_figures([d for s in steps if (d := _deviation(s)) is not None]),
             "strict_steps": len(steps) - len(lossy),
             "unshadowed_lossy_steps": sum(1 for s in lossy if "shadow" not in s)}
-
-
-def class_figures(shadow: dict[str, Any] | None, cls: str) -> dict[str, Any]:
-    """A report's deviation figures of one lossy class ({} where the method has no such step)."""
-    return dict(((shadow or {}).get("by_class") or {}).get(cls) or {})
 
 
 def pairs_with_ar(episodes: Sequence[dict[str, Any]],

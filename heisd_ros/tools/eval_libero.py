@@ -61,12 +61,12 @@ from typing import Any
 
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
+from heisd_ros.pipeline.method_variants import parse_variants
 from heisd_ros.pipeline.outputs import cpu_model, git_revision, progress_bar, source_revision, write_json
 from heisd_ros.tools.args import parse_range
 from heisd_ros.tools.eval_config import PURPOSE_INIT_STATES, EvalLiberoConfig
 from heisd_ros.tools.eval_episodes import run_pair
 from heisd_ros.tools.eval_policies import Policies, count_or_none, retrieval_probe
-from heisd_ros.tools.eval_variants import parse_variants
 
 def run(cfg: EvalLiberoConfig, command: str = "") -> dict[str, Any]:
     """Run every missing episode, then rebuild the report (and Markdown, plots) from the whole log."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,11 @@ from heisd_ros.pipeline.figures import (
     bootstrap_meta,
     distribution,
     latency_figures,
+    mode_floor_ms,
     speedup_figures,
     wilson_interval,
 )
-from heisd_ros.pipeline.log_files import READ_ERRORS, open_log, read_log_text
+from heisd_ros.pipeline.log_files import READ_ERRORS, read_log_text
 from heisd_ros.tools.eval_evidence import (
     contention,
     episode_time_ratio,
@@ -179,13 +180,6 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
     return {"n": len(values), **distribution(values)}
 
 
-def mode_floor_ms(latency_ms: Mapping[str, float], forward_ms: Sequence[float]) -> float:
-    """The floor of a step's mode: vision (+ projector) + retrieval (if issued) + at most
-    one LLM forward (prefill fused with verification); a skipped step has no forward."""
-    first = forward_ms[0] if forward_ms else 0.0
-    return latency_ms.get("vision", 0.0) + latency_ms.get("projector", 0.0) + latency_ms.get("retrieval", 0.0) + first
-
-
 def floor_ms(step: dict[str, Any]) -> float | None:
     """`mode_floor_ms` of a logged JSONL step; None for records written before `fwd_ms`."""
     return mode_floor_ms(step["ms"], step["fwd_ms"]) if "fwd_ms" in step else None
@@ -228,33 +222,6 @@ def mode_profile(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "median_ratio_to_floor": float(np.median(floors[:, 0] / floors[:, 1])) if has else math.nan,
         }
     return out
-
-
-def step_costs(path: str | Path, method: str = "heisd"):
-    """`calibration.StepCosts` from an eval-libero log (.jsonl, .jsonl.xz or .jsonl.gz): the median step time
-    of `method` in drafter mode, in retrieval mode accepted in one forward, and in retrieval mode
-    finished by the drafter (what a cost-aware tau weighs, measured on this machine)."""
-    from heisd_ros.pipeline.calibration import StepCosts
-
-    p = Path(path)
-    groups: dict[str, list[float]] = {"drafter": [], "pass": [], "fail": []}
-    try:
-        with open_log(p) as f:
-            for line in f:
-                rec = json.loads(line)
-                if rec.get("kind") != "episode" or rec.get("method") != method:
-                    continue
-                for st in rec["steps"]:
-                    if st["mode"] == "drafter":
-                        groups["drafter"].append(st["ms"]["total"])
-                    elif st["mode"] == "retrieval":
-                        groups["pass" if st["forwards"] == 1 else "fail"].append(st["ms"]["total"])
-    except (*READ_ERRORS, json.JSONDecodeError, KeyError) as err:
-        raise ConfigError(f"{p}: not a readable eval-libero log ({err})") from err
-    missing = [k for k, v in groups.items() if not v]
-    if missing:
-        raise ConfigError(f"{p}: no {method} steps of kind {missing} to measure step costs from")
-    return StepCosts(*(float(np.median(groups[k])) for k in ("drafter", "pass", "fail")))
 
 
 def summarise_method(method: str, episodes: list[dict[str, Any]]) -> dict[str, Any]:

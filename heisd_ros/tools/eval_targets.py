@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
-from heisd_ros.tools.eval_evidence import class_figures, equal_to_ar, pairs_with_ar
+from heisd_ros.pipeline.libero_runs import class_figures
+from heisd_ros.tools.eval_evidence import equal_to_ar, pairs_with_ar
 
 TARGETS = {"success_within_points_of_ar": 5.0, "speedup_vs_ar": 2.5, "p95_speedup_vs_ar": 1.5, "accept_length": 4.5,
            "drafter_speedup_vs_ar": 1.15, "skip_position_p95_bins": 30.0, "skip_gripper_disagreement": 0.005}

@@ -31,11 +31,10 @@ from typing import Any
 import numpy as np
 
 from heisd_ros.core.errors import ConfigError
+from heisd_ros.pipeline.libero_runs import EVAL_INIT_STATES
 from heisd_ros.pipeline.outputs import git_revision, progress_bar, write_json
 from heisd_ros.tools.args import parse_range
 
-EVAL_INIT_STATES = range(40, 50)
-"""LIBERO init states kept for closed-loop evaluation; demos never use them."""
 
 
 def refuse_eval_init_states(init_states: tuple[int, ...]) -> None:

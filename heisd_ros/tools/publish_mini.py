@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heisd_ros.core.errors import ConfigError
-
-PUBLISHED_DIR = "models/mini_libero"
+from heisd_ros.pipeline.libero_runs import PUBLISHED_DIR, published_paths, published_present
 
 
 @dataclass(frozen=True)
@@ -43,17 +42,6 @@ class PublishConfig:
     drafter: str = "artifacts/mini_drafter"
     calibration: str = "artifacts/mini_calibration.json"
     out: str = PUBLISHED_DIR
-
-
-def published_paths(root: str | Path = PUBLISHED_DIR) -> dict[str, Path]:
-    r = Path(root)
-    return {"model_dir": r / "vla", "drafter_dir": r / "drafter", "calibration_path": r / "calibration.json"}
-
-
-def published_present(root: str | Path = PUBLISHED_DIR) -> bool:
-    p = published_paths(root)
-    return (p["model_dir"] / "config.json").is_file() and (p["drafter_dir"] / "drafter.safetensors").is_file() \
-        and p["calibration_path"].is_file()
 
 
 def _check_calibration(path: Path) -> None:

@@ -90,7 +90,7 @@ def test_a_cached_bag_without_the_finger_joints_is_recorded_again(tmp_path, monk
 
 
 def _fake_published(root: Path) -> None:
-    from heisd_ros.tools.publish_mini import published_paths
+    from heisd_ros.pipeline.libero_runs import published_paths
 
     p = published_paths(root / "models" / "mini_libero")
     p["model_dir"].mkdir(parents=True)
@@ -125,7 +125,8 @@ def test_publish_mini_round_trip(tmp_path) -> None:
     from heisd_ros.core.engine import HybridDecoder
     from heisd_ros.models.loader import load_vla, tiny_vla
     from heisd_ros.pipeline.synthetic_demos import random_observation
-    from heisd_ros.tools.publish_mini import PublishConfig, publish, published_paths, published_present
+    from heisd_ros.pipeline.libero_runs import published_paths, published_present
+    from heisd_ros.tools.publish_mini import PublishConfig, publish
 
     torch.set_num_threads(1)
     vla = tiny_vla(seed=2)
@@ -198,7 +199,7 @@ def test_committed_mini_policy_matches_its_manifest_and_decodes() -> None:
     from heisd_ros.core.types import Observation
     from heisd_ros.models.loader import load_policy_model
     from heisd_ros.policy import PolicyPaths, load_policy
-    from heisd_ros.tools.publish_mini import PUBLISHED_DIR, published_paths, published_present
+    from heisd_ros.pipeline.libero_runs import PUBLISHED_DIR, published_paths, published_present
 
     root = REPO / PUBLISHED_DIR
     if not published_present(root):

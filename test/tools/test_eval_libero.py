@@ -104,7 +104,7 @@ def test_eval_libero_smoke_report_and_resume(policy_dir: Path, tmp_path: Path) -
 
 def test_variants_get_their_own_decoder_config(policy_dir: Path, tmp_path: Path) -> None:
     from heisd_ros.tools.eval_policies import Policies
-    from heisd_ros.tools.eval_variants import parse_variants
+    from heisd_ros.pipeline.method_variants import parse_variants
 
     args = eval_libero.build_parser().parse_args(_args(policy_dir, tmp_path / "v.json") + [
         "--variants", "heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.enabled=false",

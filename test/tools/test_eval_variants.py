@@ -11,7 +11,7 @@ from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.tools.eval_libero import EvalLiberoConfig, main
 from heisd_ros.tools.eval_report import ResultLog
-from heisd_ros.tools.eval_variants import parse_variants
+from heisd_ros.pipeline.method_variants import parse_variants
 
 
 def test_variant_changes_only_its_fields() -> None:

@@ -1,6 +1,7 @@
-"""Named method variants for `heisd eval-libero`: a decoding method with some DecoderConfig fields
-changed, reported as a method of its own (ablations such as the kinematic boundary off, or the
-candidate operating points of a calibration run).
+"""Named method variants: a decoding method with some DecoderConfig fields changed, reported as a
+method of its own by the workbench's `heisd-libero eval-libero` (ablations such as the kinematic
+boundary off, or the candidate operating points of a calibration run), and read back by
+`heisd choose-point`, which writes the chosen candidate's fields into an operating point.
 
 Spec: `NAME=METHOD[:section.field=value,...]`, several separated by `;`, e.g.
     heisd_tau0=heisd:fused_metric.tau=0;heisd_noskip=heisd:verify_skip.enabled=false
