@@ -1,4 +1,4 @@
-"""The figures every report gives per method (`heisd bench`, `heisd eval-libero`, `heisd replay`),
+"""The figures every report gives per method (`heisd bench`, `heisd-libero eval-libero`, `heisd replay`),
 computed one way for all of them (docs/design.md §9). Pure numpy: no torch, no ROS.
 
 Definitions:
