@@ -25,7 +25,7 @@ Protocol (the same for every method, in one process):
   then `reset(instruction)`), and each env reset gives a freshly built env's observation. Only the
   labels in --online-methods get `episode_feedback(success)` after each episode (Alg. 1's online
   stage over the run's task sequence); a resumed run replays their logged results first.
-- Evidence (tools/eval_evidence.py): every step logs an input digest, whether it was strict, its
+- Evidence (heisd_libero/eval_evidence.py): every step logs an input digest, whether it was strict, its
   thread CPU time beside its wall time and, with --shadow-ar (the default), greedy ar's tokens on
   the same observation for every lossy step and, by --shadow-strict-every N (default 1: all), for
   every N-th strict step of an episode (every method but ar). The run key holds the git revision: a

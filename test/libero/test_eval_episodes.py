@@ -1,4 +1,4 @@
-"""Which steps of an eval-libero episode greedy ar shadows (tools/eval_episodes.py), on a scripted
+"""Which steps of an eval-libero episode greedy ar shadows (heisd_libero/eval_episodes.py), on a scripted
 decoder and env (no simulator, no model): every lossy step, and the strict steps
 `--shadow-strict-every` picks, outside the timed call; never ar's own steps."""
 

@@ -1,4 +1,4 @@
-"""The evidence fields of an eval-libero report (tools/eval_evidence.py, eval_report, eval_markdown):
+"""The evidence fields of an eval-libero report (heisd_libero/eval_evidence.py, eval_report, eval_markdown):
 strict-step agreement, same start, contention, the shadow of ar, paired success, per-mode stages."""
 
 from __future__ import annotations
