@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from heisd_ros.tools.cli import COMMANDS as NODE_COMMANDS
 from heisd_ros.tools.cli import run
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run("heisd-libero", COMMANDS, argv)
+    node = {name: f"{name} is a command of the node package: heisd {name}" for name in NODE_COMMANDS}
+    return run("heisd-libero", COMMANDS, argv, node)
 
 
 if __name__ == "__main__":

@@ -39,17 +39,16 @@ def usage(prog: str, commands: Mapping[str, tuple[str, str]]) -> str:
 
 
 def run(prog: str, commands: Mapping[str, tuple[str, str]], argv: list[str] | None,
-        moved: Mapping[str, str] | None = None) -> int:  # fmt: skip
-    """Dispatch `argv` (sys.argv[1:] when None) to its command's `main`; `moved` maps a command that
-    lives elsewhere to what the user types now."""
+        elsewhere: Mapping[str, str] | None = None) -> int:  # fmt: skip
+    """Dispatch `argv` (sys.argv[1:] when None) to its command's `main`; `elsewhere` maps a command
+    of the other command line to the line printed instead (exit 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(prog, commands))
         return 0
     name, rest = argv[0], argv[1:]
-    if name in (moved or {}):
-        print(f"{prog}: moved: {moved[name]} (the LIBERO workbench, installed beside the node: docs/install.md)",
-              file=sys.stderr)
+    if name in (elsewhere or {}):
+        print(f"{prog}: {elsewhere[name]}", file=sys.stderr)
         return 2
     if name not in commands or importlib.util.find_spec(commands[name][0]) is None:
         print(f"{prog}: unknown command {name!r}\n\n{usage(prog, commands)}", file=sys.stderr)
@@ -59,7 +58,9 @@ def run(prog: str, commands: Mapping[str, tuple[str, str]], argv: list[str] | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run("heisd", COMMANDS, argv, {name: f"{WORKBENCH} {name}" for name in MOVED})
+    moved = {name: f"moved: {WORKBENCH} {name} (the LIBERO workbench, installed beside the node: docs/install.md)"
+             for name in MOVED}
+    return run("heisd", COMMANDS, argv, moved)
 
 
 if __name__ == "__main__":
