@@ -17,8 +17,9 @@ What it does, printing progress as it goes:
 2. the input bag: for the mini policy (`--scene libero`), one episode of the scripted expert in
    LIBERO at an evaluation init state (40-49: in no demonstration, database or training set),
    recorded once (with the workbench's simulator) as rosbag2 MCAP on the node's topics and cached
-   under artifacts/demo_bags (about a minute); for the tiny policy (`--scene synthetic`), a synthetic rosbag2 (two camera views,
-   end-effector pose, instruction) of held-out episodes written by `heisd_ros.tools.make_bag`;
+   under artifacts/demo_bags (about a minute); for the tiny policy (`--scene synthetic`), a
+   synthetic rosbag2 (two camera views, end-effector pose, instruction) of held-out episodes
+   written by `heisd_ros.tools.make_bag`;
 3. replays it with `heisd replay --start-node --fast` once per method: the real policy node, over
    real ROS 2 topics, with the embedded Qdrant database, one decoded step per synchronised set
    (with the pose recorded with it); each method's node is warmed up first (the bag's first
