@@ -1,4 +1,5 @@
-# Standalone (venv) workflow; docs/install.md also covers the ROS 2 workspace build.
+# Standalone (venv) workflow: `make setup` installs the node (heisd_ros) and the LIBERO workbench
+# beside it (heisd_libero) into .venv, editable; docs/install.md also covers the ROS 2 workspace build.
 VENV := .venv
 
 .PHONY: setup test demo bench

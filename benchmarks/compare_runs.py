@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from heisd_ros.tools.eval_report import ResultLog
+from heisd_libero.eval_report import ResultLog
 
 
 def step_kind(step: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ its LLM. It times
     prefill + a retrieval sequence tree, a drafter-tree verification, one drafter round
 
 and combines them with the per-mode mix and forwards per step of a `heisd bench --profile` or
-`heisd eval-libero` JSON report to project AR vs HeiSD step time on that device.
+`heisd-libero eval-libero` JSON report to project AR vs HeiSD step time on that device.
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def episode_frames(cfg: SoakConfig, image_size: int) -> list[list[Frame]]:
 
 def demo_frames(cfg: SoakConfig) -> list[list[Frame]]:
     """The first cfg.demo_episodes episodes of each cfg.demos file, alternating between the files."""
-    from heisd_ros.sim.recorder import read_hdf5_demos
+    from heisd_libero.sim.recorder import read_hdf5_demos
 
     per_file = []
     for path in cfg.demos.split(","):

@@ -13,9 +13,10 @@
 # writes the shard logs so far under $CKPT (commit them), STAGE=restore puts them back on a fresh
 # machine (after STAGE=db) for STAGE=eval to resume; STAGE=report deletes them (commit that too).
 set -euo pipefail
-# `python -m` from the checkout, not the .venv/bin/heisd entry point: the code that runs is the code
+# `python -m` from the checkout, not the .venv/bin/heisd(-libero) entry points: the code that runs is the code
 # of the checkout the script runs in (a git worktree pinned at one revision runs that revision).
-H=".venv/bin/python -m heisd_ros.tools.cli"
+H=".venv/bin/python -m heisd_ros.tools.cli"  # heisd: the node's commands
+W=".venv/bin/python -m heisd_libero"  # heisd-libero: the LIBERO workbench's
 E=artifacts/eval_object
 DEMOS=${DEMOS:-artifacts/demos_db}  # the policy's demonstrations (scripts/mini_pipeline.sh, stage demos)
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} OMP_NUM_THREADS=1
@@ -57,7 +58,7 @@ fi
 if stage db; then
     # Demonstrations at init states 0-19 (docs/libero.md, "The mini policy's demonstrations").
     for part in a:0-4 b:5-9; do
-        nice $H gen-demos --suite libero_object --tasks "${part#*:}" --init-states 0-19 \
+        nice $W gen-demos --suite libero_object --tasks "${part#*:}" --init-states 0-19 \
             --out $DEMOS/"${part%%:*}" --no-bags &
     done
     wait
@@ -79,7 +80,7 @@ shards() {
     for part in a:0-4:db b:5-9:db_b; do
         IFS=: read -r name tasks db <<< "$part"
         for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
-            $H eval-libero "${COMMON[@]}" --db $E/$db --calibration "$calib" --tasks "$task" --init-states "$inits" \
+            $W eval-libero "${COMMON[@]}" --db $E/$db --calibration "$calib" --tasks "$task" --init-states "$inits" \
                 --methods "$methods" --variants "$variants" "$@" --out ${stem}_$name.json >> ${stem}_$name.out 2>&1
         done &
     done
@@ -120,7 +121,7 @@ POINT_METHODS=ar,g,g25,g50,g75,gs99,gs995,gn3,gs99n3
 
 if stage point; then
     shards $E/point 20-24 $E/calibration_fitted.json $POINT_METHODS "$(candidates)" --purpose calibration
-    $H eval-libero --report-from $E/point.jsonl --tasks 0-9 --init-states 20-24 --purpose calibration \
+    $W eval-libero --report-from $E/point.jsonl --tasks 0-9 --init-states 20-24 --purpose calibration \
         --methods $POINT_METHODS --out $E/point.json --plots ''
 fi
 
@@ -136,24 +137,24 @@ refine_candidates() {
 if only refine; then
     base=models/mini_libero/calibration.json
     shards $E/refine 20-24 $base $REFINE_METHODS "$(refine_candidates)" --purpose calibration
-    $H eval-libero --report-from $E/refine.jsonl --tasks 0-9 --init-states 20-24 --purpose calibration \
+    $W eval-libero --report-from $E/refine.jsonl --tasks 0-9 --init-states 20-24 --purpose calibration \
         --methods $REFINE_METHODS --out $E/refine.json --plots ''
     $H choose-point --run $E/refine.json --calibration $base --out $E/calibration.json
-    $H publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
+    $W publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
     echo "commit models/mini_libero (and $E/refine.{json,md} as benchmarks/libero_object_refine.*)," \
          "then run STAGE=eval from a worktree at that commit"
 fi
 
 # Verify-skip's agreement checks (docs/design.md §6): ar and heisd at the shipped point with both
 # checks off, on calibration init states 20-22 in the development scene set (shift 0.02 m, seed 7;
-# docs/eval_libero.md, "Sealed scenes"), every lossy step shadowed; `heisd skip-checks` picks the
+# docs/eval_libero.md, "Sealed scenes"), every lossy step shadowed; `heisd-libero skip-checks` picks the
 # checks from heisd's skip steps by its fixed rule, and the result is published (commit
 # models/mini_libero). Not part of "all".
 if only checks; then
     shards $E/explore 20-22 models/mini_libero/calibration.json ar,heisd "" --purpose calibration \
         --scene-shift-m 0.02 --scene-seed 7 --shadow-strict-every 0
-    $H skip-checks --log $E/explore.jsonl --point models/mini_libero/calibration.json --out $E/calibration.json
-    $H publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
+    $W skip-checks --log $E/explore.jsonl --point models/mini_libero/calibration.json --out $E/calibration.json
+    $W publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
 fi
 
 # The check run of the shipped point in its scene set (shift 0.02 m, seed 4912, written down before
@@ -163,14 +164,14 @@ if only check; then
     shards $E/check 40-41 models/mini_libero/calibration.json ar,drafter,heisd "" \
         --scene-shift-m 0.02 --scene-seed 4912 --shadow-strict-every 1
     xz -9 -T1 -c $E/check.jsonl > benchmarks/libero_object_check.jsonl.xz
-    $H eval-libero --report-from benchmarks/libero_object_check.jsonl.xz --tasks 0-9 --init-states 40-41 \
+    $W eval-libero --report-from benchmarks/libero_object_check.jsonl.xz --tasks 0-9 --init-states 40-41 \
         --methods ar,drafter,heisd --out benchmarks/libero_object_check.json --plots ''
 fi
 
 if stage choose; then
     $H choose-point --run $E/point.json --calibration $E/calibration_fitted.json --out $E/calibration.json
     # The chosen point becomes the shipped calibration: what `make demo` runs is what the report measures.
-    $H publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
+    $W publish-mini --calibration-only --calibration $E/calibration.json --out models/mini_libero
     echo "commit models/mini_libero, then run STAGE=eval from a worktree at that commit"
 fi
 
@@ -191,7 +192,7 @@ if stage report; then
     # xz, not gzip: the per-step log in ~60 % of gzip's bytes (the repository's size is capped).
     xz -9 -T1 -c $E/eval.jsonl > benchmarks/libero_object.jsonl.xz
     rm -rf $CKPT  # the run is whole: its partial logs are superseded
-    $H eval-libero --report-from benchmarks/libero_object.jsonl.xz --tasks 0-9 --init-states 40-49 \
+    $W eval-libero --report-from benchmarks/libero_object.jsonl.xz --tasks 0-9 --init-states 40-49 \
         --methods ar,drafter,specvla,retrieval,heisd --subset-methods $SUBSET \
         --subset-init-states 40-42 --out benchmarks/libero_object.json --plots benchmarks/libero_object_plots
 fi

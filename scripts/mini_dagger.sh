@@ -10,7 +10,8 @@
 # Every stage is resumable: rerun the same command after an interruption. Needs the demonstrations
 # of scripts/mini_pipeline.sh's demos stage ($DEMOS/{a,b}).
 set -euo pipefail
-H=".venv/bin/python -m heisd_ros.tools.cli"
+H=".venv/bin/python -m heisd_ros.tools.cli"  # heisd: the node's commands
+W=".venv/bin/python -m heisd_libero"  # heisd-libero: the LIBERO workbench's
 A=${A:-artifacts/dagger}
 DEMOS=${DEMOS:-artifacts/demos_db}
 R=${ROUND:-1}
@@ -28,7 +29,7 @@ fi
 
 if stage rollout; then
     for part in a:0-4 b:5-9; do  # one output directory a shard: each keeps its own summary
-        $H dagger --model $START --tasks "${part#*:}" --init-states 0-19 --out $A/r$R/${part%%:*} --beta "${BETA:-0.5}" \
+        $W dagger --model $START --tasks "${part#*:}" --init-states 0-19 --out $A/r$R/${part%%:*} --beta "${BETA:-0.5}" \
             --episode-offset $((400 + 100 * R)) --seed "$R" --threads 1 --no-progress \
             > $A/rollout_r${R}_${part%%:*}.out 2>&1 &
     done
@@ -43,7 +44,7 @@ if stage train; then
         for f in $A/r$r/{a,b}/libero_object/*_dagger.hdf5; do ln -sfn "$(realpath "$f")" $D/"r${r}_$(basename "$f")"; done
     done
     [ -f $A/vla_r${R}_noprior/model.safetensors ] || \
-        $H train-vla --init-from $START --demos $D --out $A/vla_r${R}_noprior --cache-dir $A/features \
+        $W train-vla --init-from $START --demos $D --out $A/vla_r${R}_noprior --cache-dir $A/features \
             --steps "${STEPS:-1500}" --seed "$R" --tasks 0-9 --threads 2 --eval-every 500 --no-progress
     [ -f $A/vla_r$R/state_prior.safetensors ] || \
         $H train-prior --model $A/vla_r${R}_noprior --demos $D --out $A/vla_r$R --tasks 0-9 --steps 10000 \

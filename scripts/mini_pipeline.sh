@@ -6,14 +6,15 @@
 # OUT=artifacts by default; STEPS=3000 VLA steps; PUBLISH=1 also replaces the committed models/mini_libero
 # (STAGE=publish PUBLISH=1: that alone); STAGE=published screens the committed copy.
 set -euo pipefail
-H=".venv/bin/python -m heisd_ros.tools.cli"
+H=".venv/bin/python -m heisd_ros.tools.cli"  # heisd: the node's commands
+W=".venv/bin/python -m heisd_libero"  # heisd-libero: the LIBERO workbench's
 O=${OUT:-artifacts}
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl}
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
 D=$O/demos_db/libero_object
 if stage demos; then  # two simulator processes on disjoint tasks, 20 demos per task at init 0-19
     for part in a:0-4 b:5-9; do
-        OMP_NUM_THREADS=1 nice $H gen-demos --suite libero_object --tasks "${part#*:}" --init-states 0-19 \
+        OMP_NUM_THREADS=1 nice $W gen-demos --suite libero_object --tasks "${part#*:}" --init-states 0-19 \
             --out $O/demos_db/"${part%%:*}" --no-bags > $O/gen_demos_"${part%%:*}".out 2>&1 &
     done
     wait
@@ -22,7 +23,7 @@ if stage demos; then  # two simulator processes on disjoint tasks, 20 demos per 
 fi
 if stage vla; then  # projector + LLM on cached backbone features (2 torch threads)
     [ -f $O/mini_vla/model.safetensors ] || \
-        $H train-vla --demos $D --out $O/mini_vla --image-size 128 --steps "${STEPS:-3000}" --seed 0 --tasks 0-9 \
+        $W train-vla --demos $D --out $O/mini_vla --image-size 128 --steps "${STEPS:-3000}" --seed 0 --tasks 0-9 \
             --threads 2 --eval-every 1000 --no-progress
 fi
 if stage prior; then  # the per-task state prior: a copy of the VLA directory that carries it
@@ -48,7 +49,7 @@ fi
 # PUBLISH=1: a rebuild is not bit-identical (training is not deterministic across machines), so it
 # would silently replace the shipped policy. Each published copy adds about 30 MB to the git history.
 if [ "${PUBLISH:-0}" = 1 ]; then
-    $H publish-mini --model $O/mini_vla_prior --drafter $O/mini_drafter \
+    $W publish-mini --model $O/mini_vla_prior --drafter $O/mini_drafter \
         --calibration $O/mini_calibration.json --out models/mini_libero
 fi
 # The published copy's weights are rounded to bfloat16, so it is screened again, only when named
@@ -57,6 +58,6 @@ fi
 if [ "${STAGE:-all}" = published ]; then
     bash scripts/mini_screen.sh models/mini_libero/vla $O/published_screen
     gzip -9 -n -c $O/published_screen.jsonl > benchmarks/mini_vla_screen.jsonl.gz
-    $H eval-libero --report-from benchmarks/mini_vla_screen.jsonl.gz --purpose calibration --tasks 0-9 \
+    $W eval-libero --report-from benchmarks/mini_vla_screen.jsonl.gz --purpose calibration --tasks 0-9 \
         --init-states 30-33 --methods ar --out benchmarks/mini_vla_screen.json --plots ''
 fi

@@ -5,14 +5,14 @@
 # Resumable: eval-libero continues a shard's log.
 set -euo pipefail
 [ $# = 2 ] || { echo "usage: $0 MODEL_DIR STEM" >&2; exit 2; }
-H=".venv/bin/python -m heisd_ros.tools.cli"
+W=".venv/bin/python -m heisd_libero"  # heisd-libero: the LIBERO workbench's
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} OMP_NUM_THREADS=1
 for part in a:0-4 b:5-9; do
-    $H eval-libero --model "$1" --drafter '' --db '' --calibration '' --purpose calibration \
+    $W eval-libero --model "$1" --drafter '' --db '' --calibration '' --purpose calibration \
         --tasks "${part#*:}" --init-states 30-33 --methods ar --no-shadow-ar --max-steps 280 --seed 0 \
         --threads 1 --no-progress --plots '' --out "$2_${part%%:*}.json" > "$2_${part%%:*}.out" 2>&1 &
 done
 wait
 (head -n 1 "$2_a.jsonl"; tail -q -n +2 "$2_a.jsonl" "$2_b.jsonl") > "$2.jsonl"
-$H eval-libero --report-from "$2.jsonl" --purpose calibration --tasks 0-9 --init-states 30-33 \
+$W eval-libero --report-from "$2.jsonl" --purpose calibration --tasks 0-9 --init-states 30-33 \
     --methods ar --out "$2.json" --plots ''

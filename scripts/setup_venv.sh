@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Standalone (non-workspace) setup: a venv at <repo>/.venv with everything heisd_ros needs,
 # including the ROS 2 Kilted client libraries from the registry wheels and our own generated
-# interfaces (heisd_ros.msg). Idempotent: a no-op when nothing it depends on has changed.
+# interfaces (heisd_ros.msg), and the LIBERO workbench beside it (heisd_libero). Idempotent: a
+# no-op when nothing it depends on has changed.
 #
 #   usage: scripts/setup_venv.sh            (or: make setup)
 #   env:   HEISD_PYTHON   interpreter for a new venv (default: python3.11)
@@ -11,8 +12,10 @@
 #   2. pip install torch==2.13.0 first (the CPU wheel on local disk), then requirements.txt
 #   3. rewrite the wheel build image's Python/numpy include paths in $VIRTUAL_ENV/share/**/*.cmake
 #   4. colcon build ONLY the interfaces into the venv (-DHEISD_INSTALL_PYTHON=OFF)
-#   5. pip install -e . --no-deps (console scripts `heisd`, `policy_node`; source tree imports)
-#   6. check from /tmp that `import heisd_ros` is the source tree and heisd_ros.msg imports
+#   5. pip install -e . --no-deps (console scripts `heisd`, `policy_node`; source tree imports),
+#      then pip install -e heisd_libero --no-deps (the workbench: console script `heisd-libero`)
+#   6. check from /tmp that `import heisd_ros` and `import heisd_libero` are the source tree and
+#      heisd_ros.msg imports
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +28,7 @@ BUILD="$ROOT/build"
 inputs_hash() {
     # Everything whose change requires re-running a step below.
     sha256sum requirements.txt requirements-runtime.txt requirements-dev.txt CMakeLists.txt package.xml setup.cfg setup.py \
+        heisd_libero/requirements.txt heisd_libero/pyproject.toml \
         scripts/setup_venv.sh msg/*.msg action/*.action | sha256sum | cut -d' ' -f1
 }
 
@@ -136,17 +140,20 @@ if [[ ! -f "$site_packages/heisd_ros.pkg" ]]; then
     exit 1
 fi
 
-# 5. The source tree, editable ------------------------------------------------------------
+# 5. The source tree, editable: the node, then the workbench beside it ----------------------
 log "pip install -e . --no-deps"
 "${PIP[@]}" install --quiet --no-deps --no-build-isolation -e "$ROOT"
+log "pip install -e heisd_libero --no-deps"
+"${PIP[@]}" install --quiet --no-deps --no-build-isolation -e "$ROOT/heisd_libero"
 
 # 6. Check from a neutral directory -------------------------------------------------------
 got="$(cd /tmp && "$PY" -c '
 import heisd_ros, heisd_ros.core.config
 from heisd_ros.msg import ArmCommand, DecodeStats
-print(heisd_ros.__file__)')"
-if [[ "$got" != "$ROOT/heisd_ros/__init__.py" ]]; then
-    echo "setup_venv: import heisd_ros gives '$got', expected the source tree $ROOT/heisd_ros" >&2
+import heisd_libero, heisd_libero.cli
+print(heisd_ros.__file__, heisd_libero.__file__)')"
+if [[ "$got" != "$ROOT/heisd_ros/__init__.py $ROOT/heisd_libero/__init__.py" ]]; then
+    echo "setup_venv: import heisd_ros, heisd_libero give '$got', expected the source tree $ROOT" >&2
     exit 1
 fi
 

@@ -10,10 +10,15 @@ echoed back in the collection info, and every request body is kept in `requests`
 Property tests (Hypothesis) run derandomized under CI (`CI` set, as `.ci/run` is run): the same
 examples on every run, so a green CI never depends on a random draw; a falsifying example found
 locally is pinned in its test with `@example`.
+
+test/libero tests the LIBERO workbench (heisd_libero), a package beside the node: it is collected
+only where the workbench is importable (`make test` installs both; a ROS 2 workspace's `colcon test`
+tests the node package alone), and the header of the run says when it is left out.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -29,6 +34,13 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+WORKBENCH_INSTALLED = importlib.util.find_spec("heisd_libero") is not None
+collect_ignore = [] if WORKBENCH_INSTALLED else ["libero"]
+
+
+def pytest_report_header(config) -> str | None:
+    return None if WORKBENCH_INSTALLED else "heisd_libero (the LIBERO workbench) is not installed: test/libero not collected"
 
 
 def _dump(value: Any) -> Any:

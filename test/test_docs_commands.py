@@ -1,8 +1,10 @@
-"""Every documented `heisd` and `policy_node` command line runs as written.
+"""Every documented `heisd`, `heisd-libero` and `policy_node` command line runs as written.
 
 The command lines are read from the fenced code blocks of README.md and docs/*.md. A `heisd`
-command is parsed by its own tool's argument parser (the tool stops right after parsing: a
-usage error fails the test, and nothing trains or simulates). A `policy_node` command is run for
+command is parsed by its own tool's argument parser, a `heisd-libero` command (the LIBERO
+workbench's, skipped where heisd_libero is not installed) likewise (the tool stops right after
+parsing: a usage error fails the test, and nothing trains or simulates); no page may still run a
+command that moved to the workbench as `heisd <command>`. A `policy_node` command is run for
 real, with the placeholders (MODEL, my_db, /path/to/checkpoint, ...) replaced by the mini policy's
 files and a small database of random points built for it, until the node is active; then SIGINT,
 exit 0. `ros2 ...` lines need a workspace and are left to test/ros/test_workspace_build.py.
@@ -45,38 +47,66 @@ def documented_commands() -> list[tuple[str, str]]:
                     continue
                 line, current = re.sub(r"\s+#.*$", "", current).strip(), ""
                 for cmd in (c.strip() for c in re.split(r";|&&", line)):
-                    if re.match(r"^(\.venv/bin/|nice (-n \d+ )?)?(heisd|policy_node)(\s|$)", cmd):
+                    if re.match(r"^(nice (-n \d+ )?)?(\.venv/bin/)?(heisd|heisd-libero|policy_node)(\s|$)", cmd):
                         out.append((path.name, re.sub(r"^nice (-n \d+ )?", "", cmd)))
     return out
 
 
 COMMANDS = documented_commands()
-def _is_heisd_command(command: str) -> bool:
-    """`heisd` alone or with a subcommand (a printed table row starting with the method name is not)."""
+WORKBENCH_COMMANDS = ("gen-demos", "dagger", "train-vla", "eval-libero", "skip-checks", "publish-mini")
+"""heisd_libero.cli's commands, named here so that collecting this file needs no workbench (a test
+below checks they are the same)."""
+
+
+def _is_command(command: str, program: str, subcommands) -> bool:
+    """`program` alone, with --help or with a subcommand (a printed table row starting with the
+    method name is not)."""
+    words = command.split()
+    return bool(re.match(rf"^(\.venv/bin/)?{program}$", words[0])) and (
+        len(words) == 1 or words[1] in (*subcommands, "-h", "--help"))
+
+
+def _heisd_subcommands():
     from heisd_ros.tools.cli import COMMANDS as SUBCOMMANDS
 
-    words = command.split()
-    return bool(re.match(r"^(\.venv/bin/)?heisd$", words[0])) and (len(words) == 1 or words[1] in SUBCOMMANDS)
+    return SUBCOMMANDS
 
 
-HEISD = [(f, c) for f, c in COMMANDS if _is_heisd_command(c)]
+HEISD = [(f, c) for f, c in COMMANDS if _is_command(c, "heisd", _heisd_subcommands())]
+WORKBENCH = [(f, c) for f, c in COMMANDS if _is_command(c, "heisd-libero", WORKBENCH_COMMANDS)]
 NODE = [(f, c) for f, c in COMMANDS if re.match(r"^(\.venv/bin/)?policy_node(\s|$)", c)]
 
 
 def test_the_docs_hold_the_commands_users_type():
     names = {c.split()[1] for _, c in HEISD if len(c.split()) > 1}
-    assert {"build-db", "calibrate", "train-drafter", "replay", "demo", "eval-libero", "gen-demos"} <= names
+    assert {"build-db", "calibrate", "train-drafter", "replay", "demo"} <= names
+    assert {c.split()[1] for _, c in WORKBENCH if len(c.split()) > 1} >= {"eval-libero", "gen-demos"}
     assert len(NODE) >= 4
+
+
+def test_no_page_runs_a_moved_command_as_heisd():
+    """`heisd gen-demos` and the other workbench commands are `heisd-libero <command>` now, in code
+    blocks and in the prose alike (docs/history.md records the past and keeps the old names)."""
+    from heisd_ros.tools.cli import MOVED
+
+    found = [f"{path.name}: heisd {m.group(1)}" for path in DOCS if path.name != "history.md"
+             for m in re.finditer(rf"(?<![\w/-])heisd ({'|'.join(MOVED)})\b", path.read_text())]
+    assert found == []
+
+
+def test_the_workbench_commands_are_the_workbenchs():
+    from heisd_ros.tools.cli import MOVED
+
+    cli = pytest.importorskip("heisd_libero.cli", reason="the LIBERO workbench is not installed")
+    assert set(WORKBENCH_COMMANDS) == set(cli.COMMANDS) == set(MOVED)
 
 
 class _Parsed(Exception):
     """Raised right after a tool's arguments parsed: the command line is valid, nothing runs."""
 
 
-@pytest.mark.parametrize("where, command", HEISD, ids=[f"{f}: {c[:60]}" for f, c in HEISD])
-def test_heisd_command_parses(where, command, monkeypatch, capsys):
-    from heisd_ros.tools import cli
-
+def _parses(cli, where: str, command: str, monkeypatch, capsys) -> None:
+    """`command` parsed by `cli.main` up to its tool's arguments (nothing runs)."""
     parse = argparse.ArgumentParser.parse_args
 
     def parse_then_stop(self, args=None, namespace=None):
@@ -85,12 +115,25 @@ def test_heisd_command_parses(where, command, monkeypatch, capsys):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     argv = [os.path.expandvars(a) for a in shlex.split(command)[1:]]
-    if not argv:  # `heisd` alone prints the commands
-        assert cli.main([]) == 0
+    if argv[:1] in ([], ["-h"], ["--help"]):  # the program alone prints its commands
+        assert cli.main(argv) == 0
         return
     with pytest.raises((_Parsed, SystemExit)) as stopped:
         cli.main(argv)
     assert stopped.type is _Parsed, f"{where}: `{command}` is a usage error:\n{capsys.readouterr().err}"
+
+
+@pytest.mark.parametrize("where, command", HEISD, ids=[f"{f}: {c[:60]}" for f, c in HEISD])
+def test_heisd_command_parses(where, command, monkeypatch, capsys):
+    from heisd_ros.tools import cli
+
+    _parses(cli, where, command, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("where, command", WORKBENCH, ids=[f"{f}: {c[:60]}" for f, c in WORKBENCH])
+def test_heisd_libero_command_parses(where, command, monkeypatch, capsys):
+    cli = pytest.importorskip("heisd_libero.cli", reason="the LIBERO workbench is not installed")
+    _parses(cli, where, command, monkeypatch, capsys)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ MAGIC_MODEL_CONSTANTS = {"TINY_MODEL", "AUTO_MODEL"}
 
 
 def sources() -> list[Path]:
-    """Every Python file of the package and of benchmarks/."""
-    return sorted([*(REPO / "heisd_ros").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py")])
+    """Every Python file of the node package, the workbench and benchmarks/."""
+    return sorted(p for d in ("heisd_ros", "heisd_libero", "benchmarks") for p in (REPO / d).rglob("*.py"))
 
 
 def decoder_constructions(tree: ast.AST) -> list[int]:

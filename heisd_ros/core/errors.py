@@ -55,3 +55,8 @@ class DataFileError(HeisdError):
 
 class BagError(DataFileError):
     """A rosbag2 directory is missing or damaged, or cannot be written."""
+
+
+class MissingDependencyError(HeisdError, ImportError):
+    """A package one feature needs, and the node package's install does not pull, is not installed
+    (h5py, matplotlib, the LIBERO workbench: heisd_ros.pipeline.optional)."""

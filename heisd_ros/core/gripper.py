@@ -14,7 +14,7 @@ from heisd_ros.core.types import gripper_command
 
 
 PANDA_FINGER_JOINTS = ("panda_finger_joint1", "panda_finger_joint2")
-"""The finger joints of a Franka hand in joint_states (and in the bags `heisd gen-demos` exports)."""
+"""The finger joints of a Franka hand in joint_states (and in the bags `heisd-libero gen-demos` exports)."""
 
 
 def finger_gap(finger_positions) -> float:

@@ -77,7 +77,7 @@ def require_heisd_vla(directory: str | Path, tool: str) -> None:
     """Refuse an OpenVLA checkpoint for `tool`, which trains or rewrites a VLA saved by heisd
     (ModelLoadError naming the directory); the config alone is read, no weights."""
     if _read_config(Path(directory)).get("model_type") == "openvla":
-        raise ModelLoadError(f"{tool} trains or rewrites a VLA saved by heisd (heisd train-vla --out); {directory} "
+        raise ModelLoadError(f"{tool} trains or rewrites a VLA saved by heisd (heisd-libero train-vla --out); {directory} "
                              "is an OpenVLA checkpoint (train-drafter, build-db and calibrate take it as it is)")
 
 

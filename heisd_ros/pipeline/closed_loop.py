@@ -1,4 +1,4 @@
-"""The policy's own closed-loop motion, read from an `heisd eval-libero` log: its end-effector
+"""The policy's own closed-loop motion, read from an `heisd-libero eval-libero` log: its end-effector
 trajectories and the fused metric F along them (docs/design.md §5).
 
 Offline, F's normalisation and tau come from the demonstrations; a policy in closed loop moves

@@ -18,7 +18,7 @@ reader loads arrays from it:
 
 Raises DataFileError naming the file and the offending group or dataset. `scan_hdf5`
 (heisd_ros.pipeline.episodes) calls it once per file; the readers (`load_hdf5_episode`,
-heisd_ros.sim.recorder's `read_hdf5_demos`) read every dataset through `read_dataset`, which checks
+heisd_libero.sim.recorder's `read_hdf5_demos`) read every dataset through `read_dataset`, which checks
 its declared size again (the file may have changed since it was scanned).
 """
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from heisd_ros.core.errors import DataFileError
 from heisd_ros.core.types import ACTION_DIM
+from heisd_ros.pipeline.optional import optional_dependency
 
 HDF5_IMAGE_KEYS = ("agentview_rgb", "eye_in_hand_rgb")
 """LIBERO's image datasets under obs/ (views agentview and wrist)."""
@@ -128,7 +129,8 @@ def _finite(path: Path, ds: Any, where: str) -> None:
 def check_demo_hdf5(path: str | Path, require_instruction: bool = True,
                     image_keys: tuple[str, ...] = HDF5_IMAGE_KEYS) -> Hdf5Summary:  # fmt: skip
     """Validate a LIBERO-layout demonstration file (see the module docstring); returns a summary."""
-    import h5py
+    with optional_dependency("reading HDF5 demonstrations"):
+        import h5py
 
     path = Path(path)
     if not path.is_file():

@@ -25,6 +25,7 @@ from heisd_ros.core.errors import DataFileError
 from heisd_ros.pipeline.action_convention import DemoDataError
 from heisd_ros.pipeline.data_checks import check_demo_hdf5, read_dataset
 from heisd_ros.pipeline.demo_episode import EPISODES_PER_TASK, HDF5_KEYS, VIEWS, DemoEpisode, EpisodeRef
+from heisd_ros.pipeline.optional import optional_dependency
 
 __all__ = ["EPISODES_PER_TASK", "HDF5_KEYS", "VIEWS", "DemoEpisode", "EpisodeRef", "load_episode", "scan_hdf5",
            "split_episodes"]
@@ -60,7 +61,8 @@ def scan_hdf5(demos: str | Path, tasks: Iterable[int] | None = None) -> list[Epi
 
     With `tasks`, a file that cannot be opened (e.g. one a running `gen-demos` is writing) is
     skipped with a warning; without, it is an error."""
-    import h5py
+    with optional_dependency("reading HDF5 demonstrations"):
+        import h5py
 
     wanted = set(tasks) if tasks is not None else None
     refs = []
@@ -103,7 +105,8 @@ def scan_hdf5(demos: str | Path, tasks: Iterable[int] | None = None) -> list[Epi
 
 def load_hdf5_episode(ref: EpisodeRef, with_images: bool = True) -> DemoEpisode:
     """The episode `ref` names, every dataset's declared size checked as it is read."""
-    import h5py
+    with optional_dependency("reading HDF5 demonstrations"):
+        import h5py
 
     try:
         with h5py.File(ref.path, "r") as f:

@@ -1,6 +1,6 @@
 """From demonstration episodes to training examples, database points and live features.
 
-Shared by `heisd train-vla`, `train-drafter`, `build-db` and `calibrate` (a VLA saved by heisd or
+Shared by `heisd-libero train-vla`, `train-drafter`, `build-db` and `calibrate` (a VLA saved by heisd or
 an OpenVLA checkpoint, on demonstrations); `tiny_artifacts` does the same for synthetic data in
 memory.
 

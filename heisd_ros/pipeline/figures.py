@@ -1,4 +1,4 @@
-"""The figures every report gives per method (`heisd bench`, `heisd eval-libero`, `heisd replay`),
+"""The figures every report gives per method (`heisd bench`, `heisd-libero eval-libero`, `heisd replay`),
 computed one way for all of them (docs/design.md §9). Pure numpy: no torch, no ROS.
 
 Definitions:
@@ -26,7 +26,7 @@ Definitions:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -189,3 +189,10 @@ def paired_difference_interval(both: int, first_only: int, second_only: int, nei
     lower = d - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     upper = d + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
     return (max(-1.0, lower), min(1.0, upper))
+
+
+def mode_floor_ms(latency_ms: Mapping[str, float], forward_ms: Sequence[float]) -> float:
+    """The floor of a step's mode: vision (+ projector) + retrieval (if issued) + at most
+    one LLM forward (prefill fused with verification); a skipped step has no forward."""
+    first = forward_ms[0] if forward_ms else 0.0
+    return latency_ms.get("vision", 0.0) + latency_ms.get("projector", 0.0) + latency_ms.get("retrieval", 0.0) + first

@@ -1,4 +1,4 @@
-"""Opening an `heisd eval-libero` log in any of the forms it is kept in.
+"""Opening an `heisd-libero eval-libero` log in any of the forms it is kept in.
 
 A run writes plain `.jsonl` (appended episode by episode, so a killed run keeps what it finished);
 a committed log is compressed: `.jsonl.xz` for the current LIBERO report (xz stores the per-step

@@ -1,4 +1,4 @@
-"""rosbag2 recordings (teleoperation, or `heisd gen-demos` exports) as demonstration episodes.
+"""rosbag2 recordings (teleoperation, or `heisd-libero gen-demos` exports) as demonstration episodes.
 
 A topic map names what each recorded topic is, `TOPIC=ROLE` pairs joined by commas
 (`heisd build-db --map`); the message type is read from the bag:
@@ -93,7 +93,7 @@ class TopicMap:
 
     @staticmethod
     def node_topics(topics: BagTopics | None = None) -> TopicMap:
-        """The policy node's own topics, as `heisd gen-demos` exports its demonstrations."""
+        """The policy node's own topics, as `heisd-libero gen-demos` exports its demonstrations."""
         topics = topics or BagTopics()
         return TopicMap(views=tuple(topics.images), pose=topics.ee_pose, action=topics.command,
                         fingers=topics.joint_states, instruction=topics.instruction, result=topics.episode_result)

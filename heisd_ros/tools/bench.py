@@ -36,6 +36,7 @@ import torch
 from heisd_ros.core.config import METHODS, DecoderConfig, to_dict
 from heisd_ros.core.types import Observation, StepStats
 from heisd_ros.pipeline.figures import (
+    mode_floor_ms,
     accept_figures,
     bootstrap_meta,
     interval_text,
@@ -43,7 +44,6 @@ from heisd_ros.pipeline.figures import (
     speedup_figures,
 )
 from heisd_ros.pipeline.outputs import git_revision, write_json
-from heisd_ros.tools.eval_report import mode_floor_ms
 
 STAGES = ("vision", "retrieval", "draft", "prompt", "verify", "detokenize", "total")
 PROFILE_STAGES = ("vision", "projector", "retrieval", "draft", "prompt", "forward", "accept", "detokenize")
@@ -52,7 +52,7 @@ logic, KV commit, bookkeeping); `python` is whatever the total leaves unaccounte
 
 
 def step_floor_ms(st: StepStats) -> float:
-    """The floor of this step's mode (`eval_report.mode_floor_ms`)."""
+    """The floor of this step's mode (`figures.mode_floor_ms`)."""
     return mode_floor_ms(st.latency_ms, st.forward_ms)
 
 

@@ -21,7 +21,7 @@ partition.
 
 Sources (`heisd_ros.pipeline.sources`; docs/your_data.md walks through them): LIBERO-layout HDF5
 files (`--demos`), rosbag2 recordings (`--bags`: every directory holding a metadata.yaml below it;
-by default on the node's topics, as `heisd gen-demos` exports them; `--map` names the topics of
+by default on the node's topics, as `heisd-libero gen-demos` exports them; `--map` names the topics of
 other recordings) and LeRobot datasets (`--lerobot`, with `--map` naming its cameras and pose).
 Give one source per set of episodes: the same episode from two would be stored twice.
 
@@ -220,7 +220,7 @@ def _episode_refs(cfg: BuildDbConfig) -> tuple[list, set[str]]:
         held_out = held_out_sources(cfg.model)
         if not held_out:
             raise ConfigError(f"--train-split-only needs {Path(cfg.model) / 'train_log.json'} with held-out "
-                              "episodes (written by heisd train-vla)")
+                              "episodes (written by heisd-libero train-vla)")
         refs = [r for r in refs if r.kind != "hdf5" or r.source not in held_out]
     return refs, held_out
 
@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = BuildDbConfig(demos="x")
     p = argparse.ArgumentParser(prog="heisd build-db", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d.model, help="VLA directory (heisd train-vla --out, or an OpenVLA checkpoint)")
+    p.add_argument("--model", default=d.model, help="VLA directory (heisd-libero train-vla --out, or an OpenVLA checkpoint)")
     p.add_argument("--out", default=d.out, help="database directory (embedded Qdrant Edge)")
     p.add_argument("--collection", default=d.collection)
     p.add_argument("--fresh", action="store_true", help="delete an existing database at --out first")

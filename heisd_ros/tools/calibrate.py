@@ -53,7 +53,8 @@ import torch
 
 from heisd_ros.pipeline.calibration import TAU_RULES
 from heisd_ros.core.config import VerifySkipConfig
-from heisd_ros.core.errors import CalibrationError, ConfigError
+from heisd_ros.core.errors import CalibrationError, ConfigError, MissingDependencyError
+from heisd_ros.pipeline.optional import optional_dependency
 from heisd_ros.pipeline.sources import EpisodeSources, SourceOptions
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class CalibrateConfig:
     """OpenVLA's 90 % centre crop, as given to build-db and used by the policy."""
     tau_rule: str = "balanced"
     step_costs_from: str = ""
-    """eval-libero log to measure step costs from (`eval_report.step_costs`)."""
+    """eval-libero log to measure step costs from (`libero_runs.step_costs`)."""
     step_costs_ms: tuple[float, ...] = ()
     """drafter, retrieval-pass, retrieval-fail step times in ms (instead of a log)."""
     pin_tau: float | None = None
@@ -131,7 +132,7 @@ class CalibrateConfig:
 
     def costs(self):
         from heisd_ros.pipeline.calibration import StepCosts
-        from heisd_ros.tools.eval_report import step_costs
+        from heisd_ros.pipeline.libero_runs import step_costs
 
         if self.step_costs_ms:
             return StepCosts(*self.step_costs_ms)
@@ -157,7 +158,8 @@ def live_prev_features(vla, points: list, refs: list, cache, greedy, progress: b
 
 def write_plots(calib: dict, directory: str | Path) -> list[str]:
     """The two calibration plots as PNG under `directory`; returns their paths."""
-    import matplotlib
+    with optional_dependency("heisd calibrate --plots"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -266,8 +268,8 @@ def run(cfg: CalibrateConfig) -> dict:
     if cfg.plots:
         try:
             calib["meta"]["plots"] = write_plots(calib, cfg.plots)
-        except ImportError:
-            log.warning("matplotlib is not installed: no plots (pip install matplotlib)")
+        except MissingDependencyError as err:
+            log.warning("no plots: %s", err)
     # the whole operating point: the fitted values on the base point (or on the defaults, retrieval
     # pooling the views the database was built with)
     manifest = read_manifest(cfg.db) or {}

@@ -5,7 +5,7 @@ Usage:
                       [--images N] [--steps N] [--drafter DIR] [--instruction TEXT] [--threads N]
                       [--min-differing F] [--tie-tolerance X] [--json FILE]
 
-DIR is an OpenVLA checkpoint in the published layout or a VLA saved by heisd (`heisd train-vla`),
+DIR is an OpenVLA checkpoint in the published layout or a VLA saved by heisd (`heisd-libero train-vla`),
 loaded as the node loads it (`models.loader.load_policy_model`, with its state prior if it has one).
 Behaviour checks, each printed with pass or FAIL:
 

@@ -5,7 +5,7 @@ Usage:
         --out artifacts/calibration.json [--max-success-drop 5] [--max-gripper-disagreement 0.005] \
         [--max-position-p95-bins 30] [--min-episodes 50]
 
-The run is an `heisd eval-libero --purpose calibration --shadow-ar` report (init states held out
+The run is an `heisd-libero eval-libero --purpose calibration --shadow-ar` report (init states held out
 from both the demonstrations and the evaluation) with `ar`, and `heisd` and/or heisd variants as the
 candidates (`--variants`, fields of `fused_metric` and `verify_skip` only), at one committed
 revision. The rule, fixed before any candidate is seen: a candidate is eligible when
@@ -38,8 +38,9 @@ from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.core.config import DecoderConfig, from_dict
 from heisd_ros.core.files import read_json
 from heisd_ros.pipeline.calibration import POINT_SCALARS, POINT_SECTIONS, apply_point, complete_point, save_calibration
-from heisd_ros.tools.eval_evidence import LOSSY_CLASSES, class_figures
-from heisd_ros.tools.eval_variants import MethodVariant, parse_variants
+from heisd_ros.pipeline.libero_runs import LOSSY_CLASSES, class_figures
+from heisd_ros.pipeline.method_variants import MethodVariant, parse_variants
+from heisd_ros.pipeline.outputs import file_digest
 
 SECTIONS = (*POINT_SECTIONS, *POINT_SCALARS)
 """What an operating-point file holds, hence what a candidate may change."""
@@ -49,7 +50,7 @@ def candidates(report: dict[str, Any]) -> dict[str, MethodVariant]:
     """{label: variant} of the heisd candidates of a calibration report (plain `heisd`: no change)."""
     meta = report.get("_meta", {})
     if meta.get("purpose") != "calibration":
-        raise ConfigError("the run is not a calibration run (heisd eval-libero --purpose calibration)")
+        raise ConfigError("the run is not a calibration run (heisd-libero eval-libero --purpose calibration)")
     found = {"heisd": MethodVariant("heisd", "heisd")} if "heisd" in report else {}
     for v in parse_variants(";".join(meta.get("variants", []))):
         if v.name in report and v.method == "heisd":
@@ -99,7 +100,7 @@ def _refusals(row: dict[str, Any], ar_episodes: int, rule: PointRule) -> list[st
         if row.get("lossy_steps", 1):
             why.append("no shadow of its lossy steps (run with --shadow-ar)")
     elif "by_class" not in shadow:
-        why.append("a report without per-class shadow figures (rebuild it: heisd eval-libero --report-from LOG)")
+        why.append("a report without per-class shadow figures (rebuild it: heisd-libero eval-libero --report-from LOG)")
     else:
         if shadow.get("unshadowed_lossy_steps", 0):
             why.append(f"{shadow['unshadowed_lossy_steps']} lossy steps without a shadow")
@@ -151,8 +152,6 @@ def write_point(report: dict[str, Any], calibration: dict[str, Any], variant: Me
 
 
 def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) -> dict[str, Any]:
-    from heisd_ros.tools.eval_policies import file_digest
-
     report = read_json(run_path, ConfigError)
     used = report.get("_meta", {}).get("model", {}).get("calibration_digest")
     if used != file_digest(calibration_path):

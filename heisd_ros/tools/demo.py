@@ -9,15 +9,17 @@ Usage:
 What it does, printing progress as it goes:
 1. the policy: `--model auto` (the default) takes the mini LIBERO artifacts of the training pipeline
    (artifacts/mini_vla_prior, mini_drafter, mini_db_1v, mini_calibration.json; scripts/mini_pipeline.sh)
-   when all four exist; else the committed compact copy of that policy (models/mini_libero,
-   `heisd publish-mini`), with a database of the demo task that it builds once (`heisd gen-demos` of 10 expert episodes, then
-   `heisd build-db`: about 4 minutes, cached under artifacts/mini_libero_db); with neither, the
+   when all four exist; else, with the LIBERO workbench installed (heisd_libero, docs/install.md),
+   the committed compact copy of that policy (models/mini_libero, `heisd-libero publish-mini`), with
+   a database of the demo task that it builds once (`heisd-libero gen-demos` of 10 expert episodes,
+   then `heisd build-db`: about 4 minutes, cached under artifacts/mini_libero_db); with neither, the
    tiny policy, trained once with its drafter, database and calibration (artifacts/tiny, 2-3 min);
 2. the input bag: for the mini policy (`--scene libero`), one episode of the scripted expert in
    LIBERO at an evaluation init state (40-49: in no demonstration, database or training set),
-   recorded once as rosbag2 MCAP on the node's topics and cached under artifacts/demo_bags (about a
-   minute); for the tiny policy (`--scene synthetic`), a synthetic rosbag2 (two camera views,
-   end-effector pose, instruction) of held-out episodes written by `heisd_ros.tools.make_bag`;
+   recorded once (with the workbench's simulator) as rosbag2 MCAP on the node's topics and cached
+   under artifacts/demo_bags (about a minute); for the tiny policy (`--scene synthetic`), a
+   synthetic rosbag2 (two camera views, end-effector pose, instruction) of held-out episodes
+   written by `heisd_ros.tools.make_bag`;
 3. replays it with `heisd replay --start-node --fast` once per method: the real policy node, over
    real ROS 2 topics, with the embedded Qdrant database, one decoded step per synchronised set
    (with the pose recorded with it); each method's node is warmed up first (the bag's first
@@ -26,7 +28,8 @@ What it does, printing progress as it goes:
    step; accept length) and, with `ar` among the methods, the speed-up over plain autoregressive
    decoding (mean ar step / mean step; a bootstrap interval over the bag's episodes needs two or
    more: --episodes), and writes them as JSON (`heisd replay`'s summary) with its figures (mode
-   timeline, latency histograms, action traces against the recorded commands) under OUT/<time>/plots.
+   timeline, latency histograms, action traces against the recorded commands; with matplotlib)
+   under OUT/<time>/plots.
 
 The node's staleness limits are relaxed for the demo (replay on a busy CPU); on a robot keep the
 limits of config/policy.yaml.
@@ -48,7 +51,8 @@ from typing import TYPE_CHECKING
 from heisd_ros.core.config import METHODS
 from heisd_ros.core.errors import ConfigError, HeisdError
 from heisd_ros.pipeline.bags import BagTopics, topic_counts
-from heisd_ros.tools.gen_demos import EVAL_INIT_STATES
+from heisd_ros.pipeline.libero_runs import EVAL_INIT_STATES
+from heisd_ros.pipeline.optional import installed, optional_dependency
 
 if TYPE_CHECKING:
     from heisd_ros.policy import PolicyPaths
@@ -127,13 +131,13 @@ def resolve(cfg: DemoConfig) -> DemoConfig:
     the pipeline's artifacts when present, else the committed mini policy (models/mini_libero, with
     a one-task database the demo builds), else the tiny policy (built by `run`). A trained policy
     found so runs on a LIBERO bag, any other on a synthetic one."""
+    from heisd_ros.pipeline.libero_runs import published_paths, published_present
     from heisd_ros.policy import PolicyPaths, choose_auto, is_tiny
-    from heisd_ros.tools.publish_mini import published_paths, published_present
 
     trained = []  # the first present only: choose_auto takes the first
     if mini_artifacts_present():
         trained.append(PolicyPaths(**MINI_ARTIFACTS))
-    elif published_present():
+    elif published_present() and installed("heisd_libero"):  # its database is built from LIBERO demonstrations
         db = PUBLISHED_DB / f"{cfg.libero_suite}_task{cfg.libero_task}"
         trained.append(PolicyPaths(**{k: str(v) for k, v in published_paths().items()}, db_path=str(db)))
     given = policy_paths(cfg)
@@ -162,9 +166,10 @@ def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
             shutil.rmtree(bag)
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-    from heisd_ros.sim.expert import WaypointExpert
-    from heisd_ros.sim.libero_env import LiberoEnv, LiberoEnvConfig
-    from heisd_ros.sim.recorder import export_mcap, record_episode
+    with optional_dependency("recording the demo's LIBERO bag (none is cached under artifacts/demo_bags)"):
+        from heisd_libero.sim.expert import WaypointExpert
+        from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig
+        from heisd_libero.sim.recorder import export_mcap, record_episode
 
     env = LiberoEnv(LiberoEnvConfig(suite=cfg.libero_suite, task_index=cfg.libero_task))
     try:
@@ -185,7 +190,7 @@ def libero_bag(cfg: DemoConfig, say=print) -> tuple[Path, int]:
 
 
 def ensure_task_db(cfg: DemoConfig, say=print) -> None:
-    """Build `cfg.db_path` for the demo task when it does not exist: `heisd gen-demos` (10 expert
+    """Build `cfg.db_path` for the demo task when it does not exist: `heisd-libero gen-demos` (10 expert
     episodes at training init states 0-9) then `heisd build-db` with the policy's own backbone,
     pooling the views the operating point's retrieval queries (a cached database built otherwise is
     built again)."""
@@ -200,7 +205,10 @@ def ensure_task_db(cfg: DemoConfig, say=print) -> None:
             return
         say(f"      {cfg.db_path} pools {built or 'all'} view(s), the operating point {query_views}: building it again")
         shutil.rmtree(cfg.db_path)
-    from heisd_ros.tools import build_db, gen_demos
+    from heisd_ros.tools import build_db
+
+    with optional_dependency(f"building the demo task's database {cfg.db_path} (LIBERO demonstrations)"):
+        from heisd_libero import gen_demos
 
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
@@ -260,12 +268,13 @@ def run(cfg: DemoConfig, say=print) -> dict:
     rcfg = rp.ReplayConfig(fast=True, start_node=True, methods=cfg.methods, params_file=cfg.params_file,
                            params=tuple(params), out=str(run_dir / "output"), domain_id=cfg.domain_id,
                            settle_s=0.5, step_timeout_s=60.0, warmup_steps=cfg.warmup_steps,
-                           plots=str(run_dir / "plots"))  # fmt: skip
+                           plots=str(run_dir / "plots") if installed("matplotlib") else "")  # fmt: skip
     result = rp.replay(bag, rcfg, progress=lambda m: say(f"      {m}"))
     result.update(demo_config=dataclasses.asdict(cfg), wall_s=time.monotonic() - t0, run_dir=str(run_dir))
     (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    plots = f" and {run_dir / 'plots'}" if rcfg.plots else " (no plots: pip install matplotlib)"
     say(f"done in {result['wall_s']:.0f} s: input bag {bag}, node outputs {run_dir / 'output'}, "
-        f"figures {run_dir / 'result.json'} and {run_dir / 'plots'}")  # fmt: skip
+        f"figures {run_dir / 'result.json'}{plots}")  # fmt: skip
     return result
 
 

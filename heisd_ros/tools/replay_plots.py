@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from heisd_ros.pipeline.optional import optional_dependency
+
 MODES = ("ar", "drafter", "retrieval", "skip")
 ACTION_NAMES = ("dx", "dy", "dz", "drx", "dry", "drz", "gripper")
 SLACK_NS = 60_000_000
@@ -24,7 +26,8 @@ SLACK_NS = 60_000_000
 
 
 def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
+    with optional_dependency("heisd replay --plots"):
+        from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 

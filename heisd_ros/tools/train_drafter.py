@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainDrafterConfig()
     p = argparse.ArgumentParser(prog="heisd train-drafter", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d.model, help="VLA directory (heisd train-vla --out, or an OpenVLA checkpoint)")
+    p.add_argument("--model", default=d.model, help="VLA directory (heisd-libero train-vla --out, or an OpenVLA checkpoint)")
     p.add_argument("--out", default=d.out, help="drafter directory to write")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size)

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = StatePriorConfig()
     p = argparse.ArgumentParser(prog="heisd train-prior", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="VLA directory (heisd train-vla --out)")
+    p.add_argument("--model", required=True, help="VLA directory (heisd-libero train-vla --out)")
     p.add_argument("--demos", required=True, help="directory of LIBERO-layout *.hdf5 files (or one file)")
     p.add_argument("--out", required=True, help="new VLA directory: a copy of --model with the prior")
     p.add_argument("--tasks", default=None, help="HDF5 task indices, e.g. 0-9 (default: every file)")

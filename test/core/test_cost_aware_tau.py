@@ -59,7 +59,7 @@ def _step(mode: str, forwards: int, total: float) -> dict:
 
 
 def test_step_costs_are_measured_from_an_eval_log(tmp_path):
-    from heisd_ros.tools.eval_report import step_costs
+    from heisd_ros.pipeline.libero_runs import step_costs
 
     steps = [_step("drafter", 3, 60.0), _step("drafter", 2, 70.0), _step("drafter", 2, 65.0),
              _step("retrieval", 1, 40.0), _step("retrieval", 1, 44.0), _step("retrieval", 3, 90.0),

@@ -17,6 +17,12 @@ def backbone() -> EfficientNetBackbone:
     return EfficientNetBackbone()
 
 
+
+def _mini_vla_builders():
+    """train-vla's config and its mini VLA builder (the LIBERO workbench's; skipped without it)."""
+    train_vla = pytest.importorskip("heisd_libero.train_vla", reason="builds the mini VLA with the workbench's train-vla")
+    return train_vla.TrainVLAConfig, train_vla.mini_vla_config
+
 def test_real_weights_are_loaded(backbone) -> None:
     shipped = torch.load(str(weights_path()), map_location="cpu", weights_only=True)
     ours = backbone.net.state_dict()
@@ -57,7 +63,7 @@ def test_normalisation_agrees_with_vla_preprocess(backbone) -> None:
     """VLAModel.preprocess normalises with mean/std 0.5 (TF EfficientNet-Lite: (x - 127) / 128)."""
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
     from heisd_ros.models.vla import VLAModel
-    from heisd_ros.tools.train_vla import TrainVLAConfig, mini_vla_config
+    TrainVLAConfig, mini_vla_config = _mini_vla_builders()
     from heisd_ros.core.action_tokenizer import NormStats
 
     cfg = mini_vla_config(TrainVLAConfig(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64,
@@ -79,7 +85,7 @@ def test_mini_vla_retrieval_query_pools_every_view_of_the_backbone() -> None:
     from heisd_ros.core.engine import embed_views
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
     from heisd_ros.models.vla import VLAModel
-    from heisd_ros.tools.train_vla import TrainVLAConfig, mini_vla_config
+    TrainVLAConfig, mini_vla_config = _mini_vla_builders()
 
     stats = {"default": NormStats(-np.ones(7), np.ones(7), np.array([True] * 6 + [False]))}
     small = dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64, hash_text_ids=16, image_size=64)
@@ -102,7 +108,7 @@ def test_a_saved_mini_vla_leaves_out_the_package_backbone_and_loads_it_back(tmp_
     from heisd_ros.models.loader import load_vla
     from heisd_ros.models.text_tokenizer import HashWordTokenizer
     from heisd_ros.models.vla import VLAModel
-    from heisd_ros.tools.train_vla import TrainVLAConfig, mini_vla_config
+    TrainVLAConfig, mini_vla_config = _mini_vla_builders()
 
     stats = {"default": NormStats(-np.ones(7), np.ones(7), np.array([True] * 6 + [False]))}
     small = dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64, hash_text_ids=16, image_size=64)

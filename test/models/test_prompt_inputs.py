@@ -201,15 +201,6 @@ def test_training_examples_carry_the_demo_finger_gap(gap_model):
     assert finger_gaps(dataclasses.replace(ep, gripper_qpos=None)) == [None] * 3  # a bag: the model refuses it
 
 
-def test_train_vla_refuses_a_gap_without_the_state_token():
-    from heisd_ros.tools.train_vla import TrainVLAConfig, mini_vla_config
-
-    with pytest.raises(ConfigError, match="gripper-gap"):
-        TrainVLAConfig(gripper_gap=True)
-    cfg = TrainVLAConfig(proprio=True, gripper_gap=True)
-    assert mini_vla_config(cfg, np.random.default_rng(0).normal(size=(10, 3))).proprio_gripper_gap
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_drafter_decoding_with_the_finger_gap_is_lossless(gap_model, seed):
     torch.manual_seed(0)

@@ -1,9 +1,12 @@
 """Every store the decoder can be given is a `core.store_api.DemoStore`: both Qdrant backends (the
 embedded Edge shard, the remote client against the emulated server of test/conftest.py), the
-ReconnectingStore the policy wraps them in, and the evaluation's TimedStore over that; an object
-missing any one of the protocol's members is not."""
+ReconnectingStore the policy wraps them in, and the evaluation's TimedStore over that (where the
+LIBERO workbench is installed); an object missing any one of the protocol's members is not."""
 
 from __future__ import annotations
+
+import importlib
+import importlib.util
 
 import pytest
 
@@ -11,7 +14,6 @@ from heisd_ros.core.config import StoreConfig
 from heisd_ros.core.store_api import DemoStore
 from heisd_ros.store import DemoDatabase, make_store
 from heisd_ros.store.reconnect import ReconnectingStore
-from heisd_ros.tools.eval_policies import TimedStore
 
 OBS_DIM, FEAT_DIM = 6, 4
 MEMBERS = sorted(name for name in vars(DemoStore) if not name.startswith("_"))
@@ -26,16 +28,18 @@ def _config(backend: str, request, tmp_path) -> StoreConfig:
 
 @pytest.fixture(params=["edge", "remote"])
 def opened(request, tmp_path):
-    """(the backend's store, the ReconnectingStore over it, the TimedStore over that)."""
+    """(the backend's store, the ReconnectingStore over it, the workbench's TimedStore over that)."""
     cfg = _config(request.param, request, tmp_path)
     store = make_store(cfg, OBS_DIM, FEAT_DIM, create=True)
     reconnecting = ReconnectingStore(lambda: make_store(cfg, OBS_DIM, FEAT_DIM), cfg, store)
-    yield store, reconnecting, TimedStore(reconnecting)
+    timed = () if importlib.util.find_spec("heisd_libero") is None else (
+        importlib.import_module("heisd_libero.eval_policies").TimedStore(reconnecting),)
+    yield store, reconnecting, *timed
     reconnecting.close()  # closes `store` too
 
 
 def test_backends_and_their_wrappers_are_demo_stores(opened):
-    store, reconnecting, _ = opened
+    store, reconnecting = opened[:2]
     for layer in opened:
         assert isinstance(layer, DemoStore), type(layer).__name__
         assert layer.health()[0], type(layer).__name__  # reachable through the protocol, not just shaped like it

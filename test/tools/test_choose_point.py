@@ -11,7 +11,7 @@ from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.pipeline.calibration import apply_calibration
 from heisd_ros.tools.choose_point import PointRule, choose, main
-from heisd_ros.tools.eval_policies import file_digest
+from heisd_ros.pipeline.outputs import file_digest
 
 VARIANTS = ["fast=heisd:verify_skip.min_similarity=0.9,verify_skip.max_consecutive_skips=6",
             "mid=heisd:verify_skip.min_similarity=0.97", "off=heisd:fused_metric.tau=0"]

