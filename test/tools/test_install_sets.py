@@ -80,6 +80,14 @@ def requirement_names(path: Path) -> dict[str, str]:
     return out
 
 
+def test_package_xml_is_a_valid_manifest() -> None:
+    """colcon identifies the package by it: an invalid one (a `--` inside an XML comment) leaves the
+    workspace build with no package at all."""
+    from catkin_pkg.package import parse_package
+
+    assert parse_package(str(REPO / "package.xml")).name == "heisd_ros"
+
+
 def package_xml_keys(kind: str) -> set[str]:
     return set(re.findall(rf"<{kind}>([^<]+)</{kind}>", (REPO / "package.xml").read_text()))
 
