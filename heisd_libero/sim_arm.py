@@ -6,9 +6,17 @@ simulation time: the views (`<view>/image_raw`, rgb8), `ee_pose` (PoseStamped in
 runs an episode through the policy node's `~/run_task` action, executes the ArmCommand computed
 from each frame, and ends the episode with `episode_result`.
 
-Lockstep time (the mode of this module so far): the simulator advances one control period when the
-command computed from its newest frame arrives, so a method decodes the same observations in the
-same order as `heisd-libero eval-libero` (same scene, same tokens for ar). Per step: the frame is
+Two time modes (`time_mode`):
+- lockstep: the simulator advances one control period when the command computed from its newest
+  frame arrives, so a method decodes the same observations in the same order as `heisd-libero
+  eval-libero` (same scene, same tokens for ar);
+- arm_time: as a real arm, the arm keeps executing the previous command while the policy thinks.
+  The frame-to-command latency L (wall time, times `latency_scale` to emulate a larger model) is
+  turned into simulation time: the arm executes the previous command for n = max(1, ceil(K L / T))
+  control periods T, and the next frame is the one at the end of them, decoded while the new
+  command runs. Simulation time, so a slow simulator does not distort what the arm feels.
+
+Per decoded frame: the frame is
 published stamped t, then `/clock` is set to t, which fires the node's control tick at t. The
 frame and the clock travel on different topics and DDS orders neither, so a tick can miss its
 frame; then, after `retick_s` of waiting, the clock moves on one control period and the node's
@@ -18,6 +26,7 @@ else changes. Each command is matched to its frame by the header stamp the node 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +36,11 @@ import numpy as np
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
+
+
+TIME_MODES = ("lockstep", "arm_time")
+HOLD = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
+"""What the arm executes before its first command: stay, gripper open."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +59,18 @@ class SimArmConfig:
     """Wall time to wait for one command before the episode is abandoned (the node is down)."""
     retick_s: float = 0.3
     """Wall time without the frame's command after which the clock moves on one period (see module doc)."""
+    time_mode: str = "lockstep"
+    """'lockstep' or 'arm_time' (module doc)."""
+    latency_scale: float = 1.0
+    """arm_time: the measured latency is multiplied by this (OpenVLA-7B's step is ~174 ms on an A100)."""
     frame_id: str = "base_link"
 
     def __post_init__(self) -> None:
-        if not (self.control_rate_hz > 0 and self.max_steps > 0 and self.command_timeout_s > 0 and self.retick_s > 0):
-            raise ConfigError("control_rate_hz, max_steps, command_timeout_s and retick_s must be > 0")
+        if not (self.control_rate_hz > 0 and self.max_steps > 0 and self.command_timeout_s > 0 and self.retick_s > 0
+                and self.latency_scale > 0):
+            raise ConfigError("control_rate_hz, max_steps, command_timeout_s, retick_s and latency_scale must be > 0")
+        if self.time_mode not in TIME_MODES:
+            raise ConfigError(f"time_mode must be one of {TIME_MODES}, got {self.time_mode!r}")
 
     @property
     def period_s(self) -> float:
@@ -62,11 +83,18 @@ class EpisodeOutcome:
 
     success: bool
     steps: int
+    """Simulator steps (control periods) executed."""
     sim_time_s: float
     actions: list[np.ndarray] = field(default_factory=list)
-    """The commanded action of every step, in order."""
-    waits: int = 0
-    """Steps whose first tick missed its frame (the clock moved on; the arm waited)."""
+    """Every command received, in order (one per decoded frame)."""
+    latencies_s: list[float] = field(default_factory=list)
+    """Wall time from the clock that fired each decoding tick to its command's arrival."""
+    held_steps: list[int] = field(default_factory=list)
+    """Periods the arm executed before each next frame (lockstep: 1)."""
+    frame_stamps_s: list[float] = field(default_factory=list)
+    """Simulation time of every decoded frame (its command carries the same stamp)."""
+    waits: list[int] = field(default_factory=list)
+    """Per decoded frame: periods the clock moved on because a tick missed it (the arm waited)."""
     ended: str = ""
     """Why the episode ended: 'success', 'max_steps' or 'no command' (the node did not answer)."""
 
@@ -157,25 +185,29 @@ class SimArm:
         return False
 
     # ------------------------------------------------------------------ an episode
-    def _command_for(self, t_s: float, start_clock_s: float) -> tuple[np.ndarray | None, int]:
-        """The command computed from the frame stamped `t_s` (None after command_timeout_s), and how
-        often the clock had to move on because a tick missed the frame."""
+    def _command_for(self, t_s: float) -> tuple[np.ndarray | None, int, float]:
+        """The command computed from the frame stamped `t_s` (None after command_timeout_s), how
+        often the clock had to move on because a tick missed the frame, and the wall time from the
+        clock that fired the answered tick to the command."""
         key = int(round(t_s * 1e9))
-        clock, waits = start_clock_s, 0
-        end = time.monotonic() + self.cfg.command_timeout_s
+        clock, waits = t_s, 0
+        self._clock(clock)
+        fired = time.monotonic()
+        end = fired + self.cfg.command_timeout_s
         with self._arrived:
             while key not in self._commands:
                 left = end - time.monotonic()
                 if left <= 0:
-                    return None, waits
+                    return None, waits, 0.0
                 if not self._arrived.wait(min(self.cfg.retick_s, left)) and key not in self._commands:
                     clock += self.cfg.period_s  # the tick missed the frame: the next one takes it
                     waits += 1
                     self._clock(clock)
-            return self._commands.pop(key), waits
+                    fired = time.monotonic()
+            return self._commands.pop(key), waits, time.monotonic() - fired
 
     def run_episode(self, instruction: str | None = None) -> EpisodeOutcome:
-        """One lockstep episode from `cfg.init_state` through the policy node's ~/run_task."""
+        """One episode from `cfg.init_state` through the policy node's ~/run_task, in `cfg.time_mode`."""
         cfg = self.cfg
         obs = self.env.reset(cfg.init_state, perturb_xy_m=cfg.scene_shift_m, seed=cfg.scene_seed)
         instruction = instruction or self.env.instruction
@@ -187,25 +219,36 @@ class SimArm:
         if not _wait(sent.done, 10.0) or not sent.result().accepted:
             raise RuntimeError(f"the policy node refused the episode's goal ({instruction!r})")
         outcome = EpisodeOutcome(success=False, steps=0, sim_time_s=0.0)
-        start = t
-        while outcome.steps < cfg.max_steps:
+        start, executing = t, HOLD
+        while outcome.steps < cfg.max_steps and not outcome.ended:
             self.publish_observation(obs, t)
             time.sleep(0.005)  # the frame ahead of the clock that fires the tick for it (module doc)
-            self._clock(t)
-            action, waits = self._command_for(t, t)
-            outcome.waits += waits
+            action, waits, latency_s = self._command_for(t)
+            outcome.waits.append(waits)
             if action is None:
                 outcome.ended = "no command"
                 break
             outcome.actions.append(action)
-            obs, _ = self.env.step(action)
-            outcome.steps += 1
-            t += cfg.period_s * (1 + waits)
-            if self.env.success():
-                outcome.success, outcome.ended = True, "success"
-                break
-        else:
-            outcome.ended = "max_steps"
+            outcome.latencies_s.append(latency_s)
+            outcome.frame_stamps_s.append(t)
+            t += cfg.period_s * waits  # the arm waited for a missed tick (no motion)
+            if cfg.time_mode == "lockstep":
+                held, executing = 1, action
+            else:  # the previous command runs while this one was computed; this one runs next
+                held = max(1, math.ceil(cfg.latency_scale * latency_s / cfg.period_s - 1e-9))
+            outcome.held_steps.append(held)
+            for _ in range(held):
+                obs, _ = self.env.step(executing)
+                outcome.steps += 1
+                t += cfg.period_s
+                if self.env.success():
+                    outcome.success, outcome.ended = True, "success"
+                    break
+                if outcome.steps >= cfg.max_steps:
+                    break
+            if cfg.time_mode == "arm_time":
+                executing = action
+        outcome.ended = outcome.ended or "max_steps"
         outcome.sim_time_s = t - start
         self.pub_result.publish(self._types["Bool"](data=outcome.success))
         return outcome

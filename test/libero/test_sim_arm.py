@@ -78,6 +78,52 @@ def test_a_lockstep_episode_through_the_node_decodes_what_eval_libero_decodes():
     finally:
         env.close()
     assert outcome.steps == STEPS and outcome.ended in ("max_steps", "success"), (outcome.ended, out[-3000:])
+    assert outcome.held_steps == [1] * STEPS
     for k, (got, want) in enumerate(zip(outcome.actions, expected)):
         np.testing.assert_allclose(got, want, atol=1e-9, err_msg=f"step {k}")
     assert proc.returncode == 0, out[-3000:]
+
+
+FAKE_SLOW_NODE = f"""
+import sys, time
+sys.path.insert(0, {str(REPO / "test")!r})
+from fake_decoder import FakeDecoder
+from heisd_ros.ros import node
+node.load_decoder = lambda cfg: FakeDecoder(cfg, delay_s=float(sys.argv[1]), action=lambda obs, k: [0.0] * 6 + [-1.0])
+sys.exit(node.main(sys.argv[2:]))
+"""
+
+
+def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
+    """A policy that takes 0.12 s a step at 20 Hz: the arm executes the previous command for 3
+    periods (4 when the node's own overhead passes 0.03 s) before the next frame, and the frames'
+    simulation times are that many periods apart."""
+    import rclpy
+
+    from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_libero.sim_arm import SimArm, SimArmConfig
+
+    env = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=0))
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, domain_id=DOMAIN_ID)
+    cmd = [sys.executable, "-c", FAKE_SLOW_NODE, "0.12", "--params-file", str(REPO / "config" / "policy.yaml"),
+           "-p", "model_dir:=fake", "-p", "use_sim_time:=true", "-p", "control_rate_hz:=20.0",
+           "-p", "command_enabled:=true", "-p", "warmup_steps:=0", "-p", "watchdog_factor:=10.0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    arm = SimArm(env, SimArmConfig(init_state=40, max_steps=24, time_mode="arm_time"), context=ctx)
+    try:
+        assert arm.wait_for_node(60.0), f"the policy node did not come up (exit {proc.poll()})"
+        outcome = arm.run_episode()
+    finally:
+        arm.close()
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=30)[0]
+        rclpy.shutdown(context=ctx)
+        env.close()
+    assert outcome.ended == "max_steps" and outcome.steps == 24, (outcome.ended, out[-3000:])
+    assert all(lat >= 0.12 for lat in outcome.latencies_s), outcome.latencies_s
+    assert set(outcome.held_steps[:-1]) <= {3, 4}, (outcome.held_steps, outcome.latencies_s)
+    # frames are held_steps periods apart, plus the periods the clock moved on for a missed tick
+    gaps = np.diff(outcome.frame_stamps_s)
+    np.testing.assert_allclose(gaps, 0.05 * (np.array(outcome.held_steps[:-1]) + outcome.waits[:-1]), atol=1e-6)
