@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-libero": ("heisd_libero.eval_libero", "closed-loop LIBERO evaluation of every method"),
     "skip-checks": ("heisd_libero.skip_checks", "choose verify-skip's agreement checks from a shadowed run"),
     "publish-mini": ("heisd_libero.publish_mini", "write the committed compact copy of the mini policy"),
+    "sim-episodes": ("heisd_libero.sim_episodes", "LIBERO episodes through policy_node and the simulated arm, per method"),
 }
 
 

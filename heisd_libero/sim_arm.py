@@ -107,11 +107,14 @@ def _stamp(msg: Any, t_s: float) -> None:
 class SimArm:
     """The simulated arm's rclpy node, spun on its own thread; `run_episode` drives one episode."""
 
-    def __init__(self, env: Any, cfg: SimArmConfig, context: Any = None) -> None:
+    _made = 0
+
+    def __init__(self, env: Any, cfg: SimArmConfig, context: Any = None, record_stats: bool = False) -> None:
+        """`record_stats`: keep (total_ms, mode) of every DecodeStats the node publishes (`take_stats`)."""
         import rclpy
         from geometry_msgs.msg import PoseStamped
         from heisd_ros.action import RunTask
-        from heisd_ros.msg import ArmCommand
+        from heisd_ros.msg import ArmCommand, DecodeStats
         from rclpy.action import ActionClient
         from rclpy.executors import SingleThreadedExecutor
         from rosgraph_msgs.msg import Clock
@@ -122,7 +125,8 @@ class SimArm:
         from heisd_ros.ros.topics import image_topic
 
         self.env, self.cfg = env, cfg
-        self.node = rclpy.create_node("sim_arm", context=context)
+        SimArm._made += 1  # a node name per arm: rclpy keeps one /rosout publisher per name in a process
+        self.node = rclpy.create_node(f"sim_arm_{SimArm._made}", context=context)
         n = self.node
         self._types = {"Image": Image, "PoseStamped": PoseStamped, "JointState": JointState, "Clock": Clock, "Bool": Bool}
         self.pub_img = {v: n.create_publisher(Image, image_topic(v, False), SENSOR_QOS) for v in env.config.views}
@@ -135,6 +139,10 @@ class SimArm:
         self._commands: dict[int, np.ndarray] = {}  # command header stamp (ns) -> action
         self._arrived = threading.Condition()
         n.create_subscription(ArmCommand, "arm_command", self._on_command, EVENT_QOS)
+        self._stats: list[tuple[float, str]] = []
+        if record_stats:
+            n.create_subscription(DecodeStats, "decode_stats", lambda m: self._stats.append((float(m.total_ms), m.mode)),
+                                  EVENT_QOS)  # fmt: skip
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(n)
         self._spin = threading.Thread(target=self.executor.spin, name="sim-arm", daemon=True)
@@ -252,6 +260,11 @@ class SimArm:
         outcome.sim_time_s = t - start
         self.pub_result.publish(self._types["Bool"](data=outcome.success))
         return outcome
+
+    def take_stats(self) -> list[tuple[float, str]]:
+        """(decode ms, mode) of the steps the node decoded since the last call."""
+        stats, self._stats = self._stats, []
+        return stats
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=1.0)

@@ -1,0 +1,164 @@
+"""`heisd-libero sim-episodes`: LIBERO episodes through `policy_node` and the simulated arm, per method.
+
+    heisd-libero sim-episodes --methods ar,heisd --tasks 0-9 --init-states 40-41 --time-mode arm_time \
+        --db-path artifacts/eval_object/db --out /tmp/sim_episodes.json
+
+For each method a `policy_node` process runs the shipped mini policy (models/mini_libero: model,
+drafter, operating point; `--db-path` the database of the tasks) with `use_sim_time` at
+`--control-rate-hz`; the simulated arm (heisd_libero/sim_arm.py) runs every (task, init state)
+through it, in lockstep or arm time. The report has, per method: success, steps and task time in
+simulation seconds, the frame-to-command age (the wall latency the arm time turns into simulation
+time, times the scale), the node's decode step (DecodeStats total_ms) and its mode mix; each
+episode's figures are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heisd_ros.pipeline.libero_runs import published_paths
+from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.tools.args import parse_range
+
+DOMAIN_ID = 79
+
+
+def _node(method: str, args: argparse.Namespace) -> subprocess.Popen:
+    paths = published_paths()
+    params = {"model_dir": paths["model_dir"], "drafter_dir": paths["drafter_dir"],
+              "calibration_path": paths["calibration_path"], "db_path": args.db_path, "decoder.method": method,
+              "use_sim_time": "true", "control_rate_hz": float(args.control_rate_hz), "command_enabled": "true",
+              "watchdog_factor": 100.0}  # fmt: skip  # simulation time stands still while a step decodes
+    cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", "config/policy.yaml"]
+    for k, v in params.items():
+        cmd += ["-p", f"{k}:={v}"]
+    log = Path(args.log_dir) / f"node_{method}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "ROS_DOMAIN_ID": str(args.domain_id), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def _summary(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    ages = np.array([a for e in episodes for a in e["frame_to_command_s"]]) * 1e3
+    decode = np.array([d for e in episodes for d in e["decode_ms"]])
+    modes: dict[str, int] = {}
+    for e in episodes:
+        for m in e["modes"]:
+            modes[m] = modes.get(m, 0) + 1
+
+    def pct(a: np.ndarray, q: float) -> float | None:
+        return round(float(np.percentile(a, q)), 2) if len(a) else None
+
+    return {
+        "episodes": len(episodes), "successes": sum(e["success"] for e in episodes),
+        "task_time_s_mean": round(float(np.mean([e["sim_time_s"] for e in episodes])), 3) if episodes else None,
+        "steps_mean": round(float(np.mean([e["steps"] for e in episodes])), 1) if episodes else None,
+        "frame_to_command_ms": {"p50": pct(ages, 50), "p95": pct(ages, 95)},
+        "decode_ms": {"mean": round(float(decode.mean()), 2) if len(decode) else None, "p95": pct(decode, 95)},
+        "mode_mix": modes,
+    }  # fmt: skip
+
+
+def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
+    os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering, before MuJoCo is first imported
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    import rclpy
+
+    from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_libero.sim_arm import SimArm, SimArmConfig
+
+    report: dict[str, Any] = {"command": "heisd-libero sim-episodes " + " ".join(args.argv), "git_rev": git_revision(),
+                              "config": {k: v for k, v in vars(args).items() if k != "argv"}, "methods": {}}  # fmt: skip
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, domain_id=args.domain_id)
+    try:
+        for method in args.methods.split(","):
+            proc = _node(method, args)
+            episodes = []
+            try:
+                for task in parse_range(args.tasks):
+                    env = LiberoEnv(LiberoEnvConfig(suite=args.suite, task_index=task))
+                    try:
+                        for init in parse_range(args.init_states):
+                            cfg = SimArmConfig(init_state=init, scene_shift_m=args.scene_shift_m, scene_seed=args.scene_seed,
+                                               control_rate_hz=args.control_rate_hz, max_steps=args.max_steps,
+                                               time_mode=args.time_mode, latency_scale=args.latency_scale)  # fmt: skip
+                            arm = SimArm(env, cfg, context=ctx, record_stats=True)
+                            try:
+                                if not arm.wait_for_node(180.0):
+                                    raise RuntimeError(f"policy_node ({method}) did not come up; see {args.log_dir}")
+                                t0 = time.monotonic()
+                                out = arm.run_episode()
+                                stats = arm.take_stats()
+                            finally:
+                                arm.close()
+                            episodes.append({"task": task, "init_state": init, "success": out.success, "steps": out.steps,
+                                             "sim_time_s": round(out.sim_time_s, 3), "ended": out.ended,
+                                             "frame_to_command_s": [round(args.latency_scale * x, 5) for x in out.latencies_s],
+                                             "held_steps": out.held_steps, "waits": out.waits,
+                                             "decode_ms": [s[0] for s in stats], "modes": [s[1] for s in stats],
+                                             "wall_s": round(time.monotonic() - t0, 1)})  # fmt: skip
+                            say(f"sim-episodes: {method} task {task} init {init}: "
+                                f"{'success' if out.success else out.ended} in {out.steps} steps ({out.sim_time_s:.1f} s sim)")
+                    finally:
+                        env.close()
+            finally:
+                code = _stop(proc)
+            report["methods"][method] = {"summary": _summary(episodes), "node_exit_code": code, "episodes": episodes}
+    finally:
+        rclpy.shutdown(context=ctx)
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="heisd-libero sim-episodes", description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default="ar,heisd")
+    p.add_argument("--suite", default="libero_object")
+    p.add_argument("--tasks", default="0")
+    p.add_argument("--init-states", default="40")
+    p.add_argument("--scene-shift-m", type=float, default=0.0)
+    p.add_argument("--scene-seed", type=int, default=0)
+    p.add_argument("--time-mode", choices=("lockstep", "arm_time"), default="arm_time")
+    p.add_argument("--latency-scale", type=float, default=1.0)
+    p.add_argument("--control-rate-hz", type=float, default=20.0)
+    p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument("--db-path", default="artifacts/mini_libero_db/libero_object_task0",
+                   help="the database of the tasks run (the demo's holds task 0 only)")
+    p.add_argument("--domain-id", type=int, default=DOMAIN_ID)
+    p.add_argument("--log-dir", default="artifacts/sim_episodes")
+    p.add_argument("--out", default="artifacts/sim_episodes/report.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    report = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    for method, r in report["methods"].items():
+        print(f"{method}: {json.dumps(r['summary'])}")
+    return 0
+
+

@@ -1,0 +1,26 @@
+"""`heisd-libero sim-episodes`: its options and the per-method summary of the episodes it ran."""
+
+from __future__ import annotations
+
+from heisd_libero.sim_episodes import _summary, build_parser
+
+
+def test_the_summary_counts_what_the_episodes_did() -> None:
+    episodes = [
+        {"success": True, "steps": 10, "sim_time_s": 0.5, "frame_to_command_s": [0.02, 0.04], "decode_ms": [10.0, 30.0],
+         "modes": ["skip", "retrieval"]},
+        {"success": False, "steps": 30, "sim_time_s": 1.5, "frame_to_command_s": [0.06], "decode_ms": [20.0],
+         "modes": ["skip"]},
+    ]  # fmt: skip
+    s = _summary(episodes)
+    assert s["episodes"] == 2 and s["successes"] == 1
+    assert s["task_time_s_mean"] == 1.0 and s["steps_mean"] == 20.0
+    assert s["frame_to_command_ms"]["p50"] == 40.0
+    assert s["decode_ms"]["mean"] == 20.0
+    assert s["mode_mix"] == {"skip": 2, "retrieval": 1}
+    assert _summary([])["episodes"] == 0
+
+
+def test_arm_time_at_20_hz_is_the_default() -> None:
+    args = build_parser().parse_args([])
+    assert args.time_mode == "arm_time" and args.control_rate_hz == 20.0 and args.latency_scale == 1.0
