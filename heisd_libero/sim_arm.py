@@ -51,6 +51,7 @@ class SimArmConfig:
     scene_shift_m: float = 0.0
     """Objects shifted by a seeded U(-d, d) in x and y (eval-libero's --scene-shift-m)."""
     scene_seed: int = 0
+    """The perturbed reset's seed itself (sim_episodes derives it as eval-libero does: scene_shift_seed)."""
     control_rate_hz: float = 20.0
     """LIBERO's control rate; the policy node's control_rate_hz must be the same."""
     max_steps: int = 300

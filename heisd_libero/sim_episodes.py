@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     import rclpy
 
-    from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig, scene_shift_seed
     from heisd_libero.sim_arm import SimArm, SimArmConfig
 
     report: dict[str, Any] = {"command": "heisd-libero sim-episodes " + " ".join(args.argv), "git_rev": git_revision(),
@@ -100,7 +100,9 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
                     env = LiberoEnv(LiberoEnvConfig(suite=args.suite, task_index=task))
                     try:
                         for init in parse_range(args.init_states):
-                            cfg = SimArmConfig(init_state=init, scene_shift_m=args.scene_shift_m, scene_seed=args.scene_seed,
+                            # the same shifted scene as eval-libero's episode of this (task, init state)
+                            seed = scene_shift_seed(args.scene_seed, task, init)
+                            cfg = SimArmConfig(init_state=init, scene_shift_m=args.scene_shift_m, scene_seed=seed,
                                                control_rate_hz=args.control_rate_hz, max_steps=args.max_steps,
                                                time_mode=args.time_mode, latency_scale=args.latency_scale)  # fmt: skip
                             arm = SimArm(env, cfg, context=ctx, record_stats=True)
@@ -137,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="0")
     p.add_argument("--init-states", default="40")
     p.add_argument("--scene-shift-m", type=float, default=0.0)
-    p.add_argument("--scene-seed", type=int, default=0)
+    p.add_argument("--scene-seed", type=int, default=0, help="eval-libero's --scene-seed: the same scenes")
     p.add_argument("--time-mode", choices=("lockstep", "arm_time"), default="arm_time")
     p.add_argument("--latency-scale", type=float, default=1.0)
     p.add_argument("--control-rate-hz", type=float, default=20.0)
