@@ -102,8 +102,11 @@ class Policies:
         self.vla, self.store = parts.vla, parts.store
         self.timed = {m: TimedStore(self.store) if self.store is not None else None for m in cfg.labels}
         configs = {m: variants[m].config(base) if m in variants else base.with_method(m) for m in cfg.labels}
+        for m in cfg.online_methods:  # the online stage is the decoder's own setting (verify_skip.online)
+            configs[m] = dataclasses.replace(configs[m], verify_skip=dataclasses.replace(configs[m].verify_skip,
+                                                                                        online=True))  # fmt: skip
         self.decoders = assemble_decoders(parts, configs, stores=self.timed)
-        self.online = frozenset(cfg.online_methods)
+        self.online = frozenset(m for m, c in configs.items() if c.verify_skip.online)
         """Labels whose verify-skip thresholds carry over between episodes (the online stage)."""
         self.shadow = (assemble_decoders(parts, {"shadow": base.with_method("ar")}, stores={"shadow": None})["shadow"]
                        if cfg.shadow_ar else None)

@@ -171,8 +171,12 @@ class VerifySkipConfig:
     """No skip unless the hit's position group is within this summed |delta bin| of the tokens the
     last verified step executed (0: off). The policy's motion changes little from one step to the
     next, so a demonstration action far from the last checked one is likely far from the policy's."""
+    online: bool = False
+    """Alg. 1's online stage: each episode's result moves min_S and O_dist (feedback_step,
+    distance_shrink). Off, the thresholds stay the operating point's, as its figures were measured;
+    on, unverified steps move an arm at thresholds nobody measured, so it is off unless asked for."""
     feedback_step: float = 0.005
-    """Delta applied to min_S per episode result."""
+    """Delta applied to min_S per episode result (with `online`)."""
     distance_shrink: float = 0.9
     """O_dist is multiplied by this after a failed episode."""
     min_similarity_bounds: tuple[float, float] = (0.5, 0.9999)

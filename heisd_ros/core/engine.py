@@ -196,8 +196,10 @@ class HybridDecoder:
         self.gripper.reset()
 
     def episode_feedback(self, success: bool) -> None:
-        """Alg. 1's online stage: the episode's result moves the verify-skip thresholds."""
-        self.skip.feedback(bool(success))
+        """Alg. 1's online stage: the episode's result moves the verify-skip thresholds, where the
+        operating point turns it on (verify_skip.online); otherwise they stay as measured."""
+        if self.skip.cfg.online:
+            self.skip.feedback(bool(success))
 
     def restore_operating_point(self) -> None:
         """Undo every episode feedback: the verify-skip thresholds the configuration gives (an

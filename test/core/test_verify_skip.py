@@ -424,3 +424,19 @@ def test_consecutive_skips_never_exceed_n_max(n_max, min_s, o_dist, ops):
             policy.record(skipped)
             run = run + 1 if skipped else 0
             assert run <= n_max and policy.consecutive_skips == run
+
+
+def test_episode_results_move_the_thresholds_only_where_the_point_turns_the_online_stage_on():
+    """What ships is what was measured: a point measured without the online stage keeps its
+    thresholds through any number of episode results (the node feeds every episode_result)."""
+    from heisd_ros.core.config import DecoderConfig
+    from heisd_ros.core.engine import HybridDecoder
+    from heisd_ros.models.loader import tiny_vla
+
+    vla = tiny_vla(seed=0)
+    for online in (False, True):
+        decoder = HybridDecoder(vla, DecoderConfig(method="ar", verify_skip=VerifySkipConfig(online=online)))
+        before = (decoder.skip.min_similarity, decoder.skip.max_distance_m)
+        decoder.episode_feedback(False)
+        decoder.episode_feedback(False)
+        assert ((decoder.skip.min_similarity, decoder.skip.max_distance_m) != before) is online
