@@ -11,7 +11,7 @@ test: setup
 	$(VENV)/bin/python -m pytest -q test
 
 demo: setup
-	$(VENV)/bin/heisd demo
+	$(VENV)/bin/heisd-libero sim-demo
 
 bench: setup
 	$(VENV)/bin/heisd bench --model tiny

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "skip-checks": ("heisd_libero.skip_checks", "choose verify-skip's agreement checks from a shadowed run"),
     "publish-mini": ("heisd_libero.publish_mini", "write the committed compact copy of the mini policy"),
     "sim-episodes": ("heisd_libero.sim_episodes", "LIBERO episodes through policy_node and the simulated arm, per method"),
+    "sim-demo": ("heisd_libero.sim_demo", "one LIBERO episode closed loop through policy_node and the simulated arm, ar then heisd (make demo)"),
+    "sim-arm": ("heisd_libero.sim_arm_node", "the simulated arm as a ROS 2 node (launch/sim.launch.py starts it)"),
 }
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,6 @@ import numpy as np
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
-
 
 TIME_MODES = ("lockstep", "arm_time")
 HOLD = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
@@ -110,8 +110,11 @@ class SimArm:
 
     _made = 0
 
-    def __init__(self, env: Any, cfg: SimArmConfig, context: Any = None, record_stats: bool = False) -> None:
-        """`record_stats`: keep (total_ms, mode) of every DecodeStats the node publishes (`take_stats`)."""
+    def __init__(self, env: Any, cfg: SimArmConfig, context: Any = None, record_stats: bool = False,
+                 node: Any = None) -> None:
+        """`record_stats`: keep (total_ms, mode) of every DecodeStats the node publishes (`take_stats`).
+        `node`: the rclpy node to publish on (the sim-arm executable's, with its parameters); by
+        default one of its own. `env` and the episode fields of `cfg` may be replaced between episodes."""
         import rclpy
         from geometry_msgs.msg import PoseStamped
         from heisd_ros.action import RunTask
@@ -127,7 +130,7 @@ class SimArm:
 
         self.env, self.cfg = env, cfg
         SimArm._made += 1  # a node name per arm: rclpy keeps one /rosout publisher per name in a process
-        self.node = rclpy.create_node(f"sim_arm_{SimArm._made}", context=context)
+        self.node = node or rclpy.create_node(f"sim_arm_{SimArm._made}", context=context)
         n = self.node
         self._types = {"Image": Image, "PoseStamped": PoseStamped, "JointState": JointState, "Clock": Clock, "Bool": Bool}
         self.pub_img = {v: n.create_publisher(Image, image_topic(v, False), SENSOR_QOS) for v in env.config.views}
@@ -140,10 +143,9 @@ class SimArm:
         self._commands: dict[int, np.ndarray] = {}  # command header stamp (ns) -> action
         self._arrived = threading.Condition()
         n.create_subscription(ArmCommand, "arm_command", self._on_command, EVENT_QOS)
-        self._stats: list[tuple[float, str]] = []
+        self._stats: dict[float, tuple[float, str]] = {}  # header stamp (s) -> (total_ms, mode)
         if record_stats:
-            n.create_subscription(DecodeStats, "decode_stats", lambda m: self._stats.append((float(m.total_ms), m.mode)),
-                                  EVENT_QOS)  # fmt: skip
+            n.create_subscription(DecodeStats, "decode_stats", self._on_stats, EVENT_QOS)
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(n)
         self._spin = threading.Thread(target=self.executor.spin, name="sim-arm", daemon=True)
@@ -155,6 +157,10 @@ class SimArm:
         with self._arrived:
             self._commands[stamp_ns] = np.array([*msg.delta_position, *msg.delta_rotation, msg.gripper])
             self._arrived.notify_all()
+
+    def _on_stats(self, msg: Any) -> None:
+        stamp_s = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
+        self._stats[round(stamp_s, 6)] = (float(msg.total_ms), msg.mode)
 
     def _clock(self, t_s: float) -> None:
         msg = self._types["Clock"]()
@@ -215,8 +221,11 @@ class SimArm:
                     fired = time.monotonic()
             return self._commands.pop(key), waits, time.monotonic() - fired
 
-    def run_episode(self, instruction: str | None = None) -> EpisodeOutcome:
-        """One episode from `cfg.init_state` through the policy node's ~/run_task, in `cfg.time_mode`."""
+    def run_episode(self, instruction: str | None = None,
+                    on_step: Callable[[Any, float | None], None] | None = None) -> EpisodeOutcome:
+        """One episode from `cfg.init_state` through the policy node's ~/run_task, in `cfg.time_mode`.
+        `on_step(obs, stamp)` sees the first observation and the one after every simulator step, with
+        the frame stamp of the command the arm executed to reach it (None: nothing commanded yet)."""
         cfg = self.cfg
         obs = self.env.reset(cfg.init_state, perturb_xy_m=cfg.scene_shift_m, seed=cfg.scene_seed)
         instruction = instruction or self.env.instruction
@@ -228,7 +237,9 @@ class SimArm:
         if not _wait(sent.done, 10.0) or not sent.result().accepted:
             raise RuntimeError(f"the policy node refused the episode's goal ({instruction!r})")
         outcome = EpisodeOutcome(success=False, steps=0, sim_time_s=0.0)
-        start, executing = t, HOLD
+        start, executing, executing_stamp = t, HOLD, None
+        if on_step:
+            on_step(obs, None)
         while outcome.steps < cfg.max_steps and not outcome.ended:
             self.publish_observation(obs, t)
             time.sleep(0.005)  # the frame ahead of the clock that fires the tick for it (module doc)
@@ -242,13 +253,15 @@ class SimArm:
             outcome.frame_stamps_s.append(t)
             t += cfg.period_s * waits  # the arm waited for a missed tick (no motion)
             if cfg.time_mode == "lockstep":
-                held, executing = 1, action
+                held, executing, executing_stamp = 1, action, outcome.frame_stamps_s[-1]
             else:  # the previous command runs while this one was computed; this one runs next
                 held = max(1, math.ceil(cfg.latency_scale * latency_s / cfg.period_s - 1e-9))
             outcome.held_steps.append(held)
             for _ in range(held):
                 obs, _ = self.env.step(executing)
                 outcome.steps += 1
+                if on_step:
+                    on_step(obs, executing_stamp)
                 t += cfg.period_s
                 if self.env.success():
                     outcome.success, outcome.ended = True, "success"
@@ -256,19 +269,21 @@ class SimArm:
                 if outcome.steps >= cfg.max_steps:
                     break
             if cfg.time_mode == "arm_time":
-                executing = action
+                executing, executing_stamp = action, outcome.frame_stamps_s[-1]
         outcome.ended = outcome.ended or "max_steps"
         outcome.sim_time_s = t - start
         self.pub_result.publish(self._types["Bool"](data=outcome.success))
         return outcome
 
-    def take_stats(self) -> list[tuple[float, str]]:
-        """(decode ms, mode) of the steps the node decoded since the last call."""
-        stats, self._stats = self._stats, []
+    def take_stats(self) -> dict[float, tuple[float, str]]:
+        """Frame stamp (s, rounded to 1 us) -> (decode ms, mode) of the steps the node decoded since
+        the last call (the node stamps DecodeStats like the frame it decoded)."""
+        stats, self._stats = self._stats, {}
         return stats
 
     def close(self) -> None:
-        self.executor.shutdown(timeout_sec=1.0)
+        self.executor.shutdown(timeout_sec=5.0)
+        self._spin.join(timeout=5.0)  # the spin thread out of rcl before the node's handles go
         self.node.destroy_node()
 
 

@@ -31,24 +31,26 @@ from heisd_ros.pipeline.outputs import git_revision
 from heisd_ros.tools.args import parse_range
 
 DOMAIN_ID = 79
+SIM_PARAMS = str(Path(__file__).resolve().parent / "config" / "sim_policy.yaml")
+"""The policy node's simulator settings (sim time, commanding on), as sim.launch.py applies them."""
 
 
-def _node(method: str, args: argparse.Namespace) -> subprocess.Popen:
+def start_node(method: str, db_path: str, control_rate_hz: float, log_dir: str, domain_id: int) -> subprocess.Popen:
+    """A `policy_node` process running the shipped mini policy with `method`, in simulation time."""
     paths = published_paths()
     params = {"model_dir": paths["model_dir"], "drafter_dir": paths["drafter_dir"],
-              "calibration_path": paths["calibration_path"], "db_path": args.db_path, "decoder.method": method,
-              "use_sim_time": "true", "control_rate_hz": float(args.control_rate_hz), "command_enabled": "true",
-              "watchdog_factor": 100.0}  # fmt: skip  # simulation time stands still while a step decodes
-    cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", "config/policy.yaml"]
+              "calibration_path": paths["calibration_path"], "db_path": db_path, "decoder.method": method,
+              "control_rate_hz": float(control_rate_hz)}  # fmt: skip
+    cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", "config/policy.yaml", "--params-file", SIM_PARAMS]
     for k, v in params.items():
         cmd += ["-p", f"{k}:={v}"]
-    log = Path(args.log_dir) / f"node_{method}.log"
+    log = Path(log_dir) / f"node_{method}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "ROS_DOMAIN_ID": str(args.domain_id), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "ROS_DOMAIN_ID": str(domain_id), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def _stop(proc: subprocess.Popen) -> int:
+def stop_node(proc: subprocess.Popen) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
     try:
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
     rclpy.init(context=ctx, domain_id=args.domain_id)
     try:
         for method in args.methods.split(","):
-            proc = _node(method, args)
+            proc = start_node(method, args.db_path, args.control_rate_hz, args.log_dir, args.domain_id)
             episodes = []
             try:
                 for task in parse_range(args.tasks):
@@ -118,14 +120,15 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
                                              "sim_time_s": round(out.sim_time_s, 3), "ended": out.ended,
                                              "frame_to_command_s": [round(args.latency_scale * x, 5) for x in out.latencies_s],
                                              "held_steps": out.held_steps, "waits": out.waits,
-                                             "decode_ms": [s[0] for s in stats], "modes": [s[1] for s in stats],
+                                             "decode_ms": [stats[k][0] for k in sorted(stats)],
+                                             "modes": [stats[k][1] for k in sorted(stats)],
                                              "wall_s": round(time.monotonic() - t0, 1)})  # fmt: skip
                             say(f"sim-episodes: {method} task {task} init {init}: "
                                 f"{'success' if out.success else out.ended} in {out.steps} steps ({out.sim_time_s:.1f} s sim)")
                     finally:
                         env.close()
             finally:
-                code = _stop(proc)
+                code = stop_node(proc)
             report["methods"][method] = {"summary": _summary(episodes), "node_exit_code": code, "episodes": episodes}
     finally:
         rclpy.shutdown(context=ctx)

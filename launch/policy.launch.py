@@ -74,12 +74,13 @@ def _policy_node(context, *args, **kwargs):
     for arg, param in PATH_ARGUMENTS.items():
         if value(arg):
             overrides[param] = value(arg)
+    files = [value("params_file")] + ([value("params_overlay")] if value("params_overlay") else [])
     return [LifecycleNode(
         package="heisd_ros",
         executable="policy_node",
         name=value("node_name"),
         namespace=value("namespace"),
-        parameters=[value("params_file"), overrides],
+        parameters=[*files, overrides],
         remappings=[(topic, value(arg)) for arg, (topic, _) in TOPICS.items()],
         ros_arguments=["--log-level", value("log_level")],
         output="screen",
@@ -92,6 +93,9 @@ def generate_launch_description() -> LaunchDescription:
     arguments = [
         DeclareLaunchArgument("params_file", default_value=default_params,
                               description="ROS 2 parameter file of the policy node"),
+        DeclareLaunchArgument("params_overlay", default_value="",
+                              description="a second parameter file applied over params_file (a site's or a "
+                                          "simulator's settings); empty: none"),
         *(DeclareLaunchArgument(arg, default_value="", description=f"{PATH_HELP[arg]} (overrides the parameter file's)")
           for arg in PATH_ARGUMENTS),
         DeclareLaunchArgument("autostart", default_value="",

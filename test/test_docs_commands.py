@@ -53,7 +53,8 @@ def documented_commands() -> list[tuple[str, str]]:
 
 
 COMMANDS = documented_commands()
-WORKBENCH_COMMANDS = ("gen-demos", "dagger", "train-vla", "eval-libero", "skip-checks", "publish-mini", "sim-episodes")
+WORKBENCH_COMMANDS = ("gen-demos", "dagger", "train-vla", "eval-libero", "skip-checks", "publish-mini", "sim-episodes",
+                      "sim-demo", "sim-arm")
 """heisd_libero.cli's commands, named here so that collecting this file needs no workbench (a test
 below checks they are the same)."""
 

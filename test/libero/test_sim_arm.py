@@ -114,7 +114,8 @@ def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
     arm = SimArm(env, SimArmConfig(init_state=40, max_steps=24, time_mode="arm_time"), context=ctx)
     try:
         assert arm.wait_for_node(60.0), f"the policy node did not come up (exit {proc.poll()})"
-        outcome = arm.run_episode()
+        executed: list[float | None] = []  # per simulator step: the frame stamp of the command executed
+        outcome = arm.run_episode(on_step=lambda obs, stamp: executed.append(stamp))
     finally:
         arm.close()
         proc.send_signal(signal.SIGINT)
@@ -122,6 +123,10 @@ def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
         rclpy.shutdown(context=ctx)
         env.close()
     assert outcome.ended == "max_steps" and outcome.steps == 24, (outcome.ended, out[-3000:])
+    # while frame k's command is computed the arm runs frame k-1's (nothing before the first)
+    expected = [None] + [s for k, held in enumerate(outcome.held_steps)
+                         for s in [outcome.frame_stamps_s[k - 1] if k else None] * held]  # fmt: skip
+    assert executed == expected[: outcome.steps + 1]
     assert all(lat >= 0.12 for lat in outcome.latencies_s), outcome.latencies_s
     assert set(outcome.held_steps[:-1]) <= {3, 4}, (outcome.held_steps, outcome.latencies_s)
     # frames are held_steps periods apart, plus the periods the clock moved on for a missed tick

