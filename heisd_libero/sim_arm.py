@@ -143,7 +143,7 @@ class SimArm:
         self._commands: dict[int, np.ndarray] = {}  # command header stamp (ns) -> action
         self._arrived = threading.Condition()
         n.create_subscription(ArmCommand, "arm_command", self._on_command, EVENT_QOS)
-        self._stats: dict[float, tuple[float, str]] = {}  # header stamp (s) -> (total_ms, mode)
+        self._stats: dict[float, tuple[float, str, float]] = {}  # header stamp (s) -> (total_ms, mode, cpu_ms)
         if record_stats:
             n.create_subscription(DecodeStats, "decode_stats", self._on_stats, EVENT_QOS)
         self.executor = SingleThreadedExecutor(context=context)
@@ -160,7 +160,7 @@ class SimArm:
 
     def _on_stats(self, msg: Any) -> None:
         stamp_s = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
-        self._stats[round(stamp_s, 6)] = (float(msg.total_ms), msg.mode)
+        self._stats[round(stamp_s, 6)] = (float(msg.total_ms), msg.mode, float(msg.cpu_ms))
 
     def _clock(self, t_s: float) -> None:
         msg = self._types["Clock"]()
@@ -275,8 +275,8 @@ class SimArm:
         self.pub_result.publish(self._types["Bool"](data=outcome.success))
         return outcome
 
-    def take_stats(self) -> dict[float, tuple[float, str]]:
-        """Frame stamp (s, rounded to 1 us) -> (decode ms, mode) of the steps the node decoded since
+    def take_stats(self) -> dict[float, tuple[float, str, float]]:
+        """Frame stamp (s, rounded to 1 us) -> (decode ms, mode, its CPU ms) of the steps the node decoded since
         the last call (the node stamps DecodeStats like the frame it decoded)."""
         stats, self._stats = self._stats, {}
         return stats

@@ -89,6 +89,8 @@ def run_method(method: str, cfg: LoopDemoConfig, db_path: str, run_dir: Path, ct
     from heisd_libero.sim_arm import SimArm, SimArmConfig
     from heisd_libero.sim_episodes import start_node, stop_node
 
+    # after LIBERO's import, which sets DeprecationWarnings to "once": lark's (via rosidl) is noise here
+    warnings.filterwarnings("ignore", message="module 'sre_", category=DeprecationWarning)
     proc = start_node(method, db_path, cfg.control_rate_hz, str(run_dir / "logs"), cfg.domain_id)
     env = LiberoEnv(LiberoEnvConfig(suite=cfg.suite, task_index=cfg.task))
     film = EpisodeFilm(method, period_s=1.0 / cfg.control_rate_hz)
@@ -120,8 +122,8 @@ def run_method(method: str, cfg: LoopDemoConfig, db_path: str, run_dir: Path, ct
         code = stop_node(proc)
     for stamp, latency in zip(out.frame_stamps_s, out.latencies_s):
         film.ages_ms[round(stamp, 6)] = 1e3 * cfg.latency_scale * latency
-    film.modes = {k: mode for k, (_, mode) in stats.items()}
-    film.decode_ms = {k: ms for k, (ms, _) in stats.items()}
+    film.modes = {k: mode for k, (_, mode, _) in stats.items()}
+    film.decode_ms = {k: ms for k, (ms, _, _) in stats.items()}
     ages, decode = list(film.ages_ms.values()), list(film.decode_ms.values())
     modes = [film.modes[k] for k in sorted(film.modes)]
     row = {"method": method, "success": out.success, "ended": out.ended, "steps": out.steps,
@@ -163,7 +165,6 @@ def format_table(rows: list[dict]) -> str:
 def run(cfg: LoopDemoConfig, say=print) -> dict:
     os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering, before MuJoCo is first imported
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-    warnings.filterwarnings("ignore", message="module 'sre_", category=DeprecationWarning)  # lark, via rosidl
     import rclpy
 
     from heisd_libero.sim_demo_media import write_figures, write_video

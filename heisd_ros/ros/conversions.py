@@ -214,6 +214,7 @@ def to_decode_stats(stats: StepStats, stamp_s: float, frame_id: str, step_id: in
     msg.draft_ms = _f32(lat.get("draft", 0.0))
     msg.verify_ms = _f32(lat.get("verify", 0.0))
     msg.total_ms = _f32(lat.get("total", 0.0))
+    msg.cpu_ms = _f32(lat.get("cpu", math.nan))
     msg.fused_metric = _f32(stats.fused_metric)
     msg.retrieval_score = _f32(stats.retrieval_score)
     msg.fallback = stats.fallback

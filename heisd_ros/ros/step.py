@@ -204,7 +204,10 @@ class StepRunner:
             self._pose_gate.check(job.synced.pose.stamp_s, ee_pos, n.input_limits)
             obs = Observation(images=self._images(job, n), instruction=job.instruction, ee_pos=ee_pos,
                               task=n.task or None, stamp_s=job.synced.stamp_s, gripper_gap=gap)  # fmt: skip
+            cpu0 = time.thread_time()
             action, stats = self._decoder.step(obs)
+            # beside the wall time: a step that waited for a CPU (a contended machine) shows it
+            stats.latency_ms["cpu"] = (time.thread_time() - cpu0) * 1e3
             return conv.check_action(action), stats
         except InputLimitError as err:
             return self._status.problem("input_limit", WARN, f"input refused: {err}")

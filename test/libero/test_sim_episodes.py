@@ -8,9 +8,9 @@ from heisd_libero.sim_episodes import _summary, build_parser
 def test_the_summary_counts_what_the_episodes_did() -> None:
     episodes = [
         {"success": True, "steps": 10, "sim_time_s": 0.5, "frame_to_command_s": [0.02, 0.04], "decode_ms": [10.0, 30.0],
-         "modes": ["skip", "retrieval"]},
+         "modes": ["skip", "retrieval"], "cpu_ms": [9.5, 12.0]},
         {"success": False, "steps": 30, "sim_time_s": 1.5, "frame_to_command_s": [0.06], "decode_ms": [20.0],
-         "modes": ["skip"]},
+         "modes": ["skip"], "cpu_ms": [19.0]},
     ]  # fmt: skip
     s = _summary(episodes)
     assert s["episodes"] == 2 and s["successes"] == 1
@@ -18,6 +18,7 @@ def test_the_summary_counts_what_the_episodes_did() -> None:
     assert s["frame_to_command_ms"]["p50"] == 40.0
     assert s["decode_ms"]["mean"] == 20.0
     assert s["mode_mix"] == {"skip": 2, "retrieval": 1}
+    assert s["contended_share"] == round(1 / 3, 4)  # 30 ms of wall for 12 ms of CPU: it waited
     assert _summary([])["episodes"] == 0
 
 

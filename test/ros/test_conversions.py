@@ -247,6 +247,9 @@ def test_arm_command_and_stats():
     ds = conv.to_decode_stats(stats, 4.5, "base_link", 3)
     assert ds.total_ms == pytest.approx(12.5) and list(ds.tokens_per_forward) == [7]
     assert ds.accept_length == pytest.approx(7.0) and math.isnan(ds.fused_metric)
+    assert math.isnan(ds.cpu_ms)  # not measured: NaN, never a made-up 0
+    stats.latency_ms["cpu"] = 11.0  # what the node measures around the decoder's step
+    assert conv.to_decode_stats(stats, 4.5, "base_link", 3).cpu_ms == pytest.approx(11.0)
 
 
 # --- fuzzing: poses, whole messages, actions ------------------------------------------------------

@@ -55,12 +55,13 @@ STATS_FIELDS = {
     "draft_ms": "float",
     "verify_ms": "float",
     "total_ms": "float",
+    "cpu_ms": "float",
     "fused_metric": "float",
     "retrieval_score": "float",
     "fallback": "string",
 }
 STATS_FLOAT32 = (
-    "accept_length", "vision_ms", "retrieval_ms", "draft_ms", "verify_ms", "total_ms",
+    "accept_length", "vision_ms", "retrieval_ms", "draft_ms", "verify_ms", "total_ms", "cpu_ms",
     "fused_metric", "retrieval_score",
 )
 

@@ -143,6 +143,8 @@ def test_command_enabled_false_publishes_stats_but_no_actuator_message(rig):
             assert rig.stats_for(rig.publish_set())
         time.sleep(0.1)
         assert actuators() == n_act and len(rig.stats) >= n_stats + 3
+        # every step's thread CPU time beside its wall time (a contended step shows the difference)
+        assert all(math.isfinite(m.cpu_ms) and 0 <= m.cpu_ms for m in rig.stats[n_stats:])
         assert rig.wait(lambda: any(kv.key == "commanding" and kv.value.startswith("dry run") for d in rig.diags[n_diag:]
                                     for st in d.status for kv in st.values), 2.0)  # fmt: skip
         reply = rig.call("enable", SetBool.Request(data=True))
