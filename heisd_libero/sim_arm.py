@@ -112,7 +112,7 @@ class SimArm:
 
     def __init__(self, env: Any, cfg: SimArmConfig, context: Any = None, record_stats: bool = False,
                  node: Any = None) -> None:
-        """`record_stats`: keep (total_ms, mode) of every DecodeStats the node publishes (`take_stats`).
+        """`record_stats`: keep (total_ms, mode, cpu_ms) of every DecodeStats the node publishes (`take_stats`).
         `node`: the rclpy node to publish on (the sim-arm executable's, with its parameters); by
         default one of its own. `env` and the episode fields of `cfg` may be replaced between episodes."""
         import rclpy
@@ -222,10 +222,11 @@ class SimArm:
             return self._commands.pop(key), waits, time.monotonic() - fired
 
     def run_episode(self, instruction: str | None = None,
-                    on_step: Callable[[Any, float | None], None] | None = None) -> EpisodeOutcome:
+                    on_step: Callable[[Any, float, float | None], None] | None = None) -> EpisodeOutcome:
         """One episode from `cfg.init_state` through the policy node's ~/run_task, in `cfg.time_mode`.
-        `on_step(obs, stamp)` sees the first observation and the one after every simulator step, with
-        the frame stamp of the command the arm executed to reach it (None: nothing commanded yet)."""
+        `on_step(obs, t, stamp)` sees the first observation and the one after every simulator step,
+        with its simulation time and the frame stamp of the command the arm executed to reach it
+        (None: nothing commanded yet)."""
         cfg = self.cfg
         obs = self.env.reset(cfg.init_state, perturb_xy_m=cfg.scene_shift_m, seed=cfg.scene_seed)
         instruction = instruction or self.env.instruction
@@ -239,7 +240,7 @@ class SimArm:
         outcome = EpisodeOutcome(success=False, steps=0, sim_time_s=0.0)
         start, executing, executing_stamp = t, HOLD, None
         if on_step:
-            on_step(obs, None)
+            on_step(obs, t, None)
         while outcome.steps < cfg.max_steps and not outcome.ended:
             self.publish_observation(obs, t)
             time.sleep(0.005)  # the frame ahead of the clock that fires the tick for it (module doc)
@@ -260,9 +261,9 @@ class SimArm:
             for _ in range(held):
                 obs, _ = self.env.step(executing)
                 outcome.steps += 1
-                if on_step:
-                    on_step(obs, executing_stamp)
                 t += cfg.period_s
+                if on_step:
+                    on_step(obs, t, executing_stamp)
                 if self.env.success():
                     outcome.success, outcome.ended = True, "success"
                     break
@@ -275,9 +276,13 @@ class SimArm:
         self.pub_result.publish(self._types["Bool"](data=outcome.success))
         return outcome
 
-    def take_stats(self) -> dict[float, tuple[float, str, float]]:
+    def take_stats(self, expect: int = 0, timeout_s: float = 2.0) -> dict[float, tuple[float, str, float]]:
         """Frame stamp (s, rounded to 1 us) -> (decode ms, mode, its CPU ms) of the steps the node decoded since
-        the last call (the node stamps DecodeStats like the frame it decoded)."""
+        the last call (the node stamps DecodeStats like the frame it decoded). Waits up to `timeout_s`
+        for `expect` of them: the node publishes a step's DecodeStats after its command."""
+        end = time.monotonic() + timeout_s
+        while len(self._stats) < expect and time.monotonic() < end:
+            time.sleep(0.01)
         stats, self._stats = self._stats, {}
         return stats
 

@@ -6,7 +6,7 @@ It publishes and executes what `SimArm` does (heisd_libero/sim_arm.py: the views
 `joint_states`, `/clock`; `arm_command` in), driving each episode through the policy node's
 `~/run_task`, and publishes every episode's outcome on `episode_result` (std_msgs/Bool, for the
 policy node) and `~/episode_report` (std_msgs/String, JSON: success, steps, task time in simulation
-seconds, frame-to-command age). Episodes come from the `episodes` parameter at start-up and from
+seconds, frame-to-command age; exit 1 if one was dropped). Episodes come from the `episodes` parameter at start-up and from
 `~/run_episode` (std_srvs/Trigger), which queues the episode the `task` and `init_state` parameters
 name (set them with `ros2 param set` first). With `exit_when_done` the node exits once its queue is
 empty (the launch file then shuts down).
@@ -23,8 +23,6 @@ import os
 import queue
 import sys
 from typing import Any
-
-import numpy as np
 
 from heisd_ros.core.errors import ConfigError
 
@@ -59,14 +57,6 @@ def parse_episodes(entries: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def episode_report(task: int, init: int, seed: int, out: Any, latency_scale: float) -> dict[str, Any]:
-    ages = np.asarray(out.latencies_s) * latency_scale * 1e3
-    return {"task": task, "init_state": init, "scene_seed": seed, "success": out.success, "ended": out.ended,
-            "steps": out.steps, "sim_time_s": round(out.sim_time_s, 3),
-            "frame_to_command_ms": {"p50": round(float(np.percentile(ages, 50)), 2) if len(ages) else None,
-                                    "p95": round(float(np.percentile(ages, 95)), 2) if len(ages) else None}}  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
@@ -80,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig, scene_shift_seed
     from heisd_libero.sim_arm import SimArm, SimArmConfig
+    from heisd_libero.sim_episodes import episode_record, summary
     from heisd_ros.ros.qos import EVENT_QOS
 
     rclpy.init(args=[sys.argv[0], *args])
@@ -108,8 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     node.create_service(Trigger, "~/run_episode", run_episode)
     # the arm spins the node (and so answers ~/run_episode) from here on; one environment per task
     env_task = requests.queue[0][0] if requests.queue else p["task"]
-    arm = SimArm(LiberoEnv(LiberoEnvConfig(suite=p["suite"], task_index=env_task)), cfg, node=node)
     log = node.get_logger()
+    try:
+        arm = SimArm(LiberoEnv(LiberoEnvConfig(suite=p["suite"], task_index=env_task)), cfg, node=node)
+    except Exception as err:  # noqa: BLE001 - e.g. a task the suite does not have
+        log.error(f"cannot start the arm on {p['suite']} task {env_task}: {type(err).__name__}: {err}")
+        node.destroy_node()
+        rclpy.try_shutdown()
+        return 1
+    failed = 0
     try:
         while rclpy.ok():
             try:
@@ -118,24 +116,32 @@ def main(argv: list[str] | None = None) -> int:
                 if p["exit_when_done"]:
                     break
                 continue
-            if env_task != task:
-                arm.env.close()
-                arm.env, env_task = LiberoEnv(LiberoEnvConfig(suite=p["suite"], task_index=task)), task
-            seed = scene_shift_seed(p["scene_seed"], task, init)
-            arm.cfg = dataclasses.replace(cfg, init_state=init, scene_seed=seed)
-            if not arm.wait_for_node(p["node_timeout_s"]):
-                log.error(f"{p['policy_node']} did not come up in {p['node_timeout_s']:.0f} s; episode dropped")
+            try:  # an episode that cannot run is reported and dropped; the arm serves the next one
+                if env_task != task:
+                    arm.env.close()
+                    env_task = None  # closed: a failed swap must not close it again
+                    arm.env, env_task = LiberoEnv(LiberoEnvConfig(suite=p["suite"], task_index=task)), task
+                seed = scene_shift_seed(p["scene_seed"], task, init)
+                arm.cfg = dataclasses.replace(cfg, init_state=init, scene_seed=seed)
+                if not arm.wait_for_node(p["node_timeout_s"]):
+                    raise RuntimeError(f"{p['policy_node']} did not come up in {p['node_timeout_s']:.0f} s")
+                out = arm.run_episode()
+            except Exception as err:  # noqa: BLE001 - a bad task index, a refused goal, a failed reset
+                failed += 1
+                log.error(f"task {task} init state {init}: episode dropped: {type(err).__name__}: {err}")
                 continue
-            out = arm.run_episode()
-            report.publish(String(data=json.dumps(episode_report(task, init, seed, out, p["latency_scale"]))))
+            figures = summary([episode_record(task, init, out, {}, p["latency_scale"])])
+            report.publish(String(data=json.dumps({"task": task, "init_state": init, "scene_seed": seed,
+                                                   "ended": out.ended, **figures})))  # fmt: skip
             log.info(f"task {task} init state {init}: {out.ended} in {out.steps} steps ({out.sim_time_s:.1f} s sim)")
     except KeyboardInterrupt:
         pass
     finally:
-        arm.env.close()
+        if env_task is not None:
+            arm.env.close()
         arm.close()
         rclpy.try_shutdown()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from heisd_ros.core.errors import HeisdError
 from heisd_ros.pipeline.outputs import git_revision
@@ -78,63 +77,54 @@ class Progress:
         print(("\r" if self.tty else "") + self.line(steps, note), flush=True)
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 1) if values else None
-
-
 def run_method(method: str, cfg: LoopDemoConfig, db_path: str, run_dir: Path, ctx: Any) -> tuple[dict, Any]:
-    """One episode of `method` through a fresh policy_node: its figures and its film."""
-    from heisd_libero.sim_demo_media import EpisodeFilm
+    """One episode of `method` through a fresh policy_node: its figures (sim-episodes' record and
+    summary) and its film."""
     from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig
     from heisd_libero.sim_arm import SimArm, SimArmConfig
-    from heisd_libero.sim_episodes import start_node, stop_node
+    from heisd_libero.sim_demo_media import EpisodeFilm
+    from heisd_libero.sim_episodes import episode_record, start_node, stop_node, summary
 
     # after LIBERO's import, which sets DeprecationWarnings to "once": lark's (via rosidl) is noise here
     warnings.filterwarnings("ignore", message="module 'sre_", category=DeprecationWarning)
-    proc = start_node(method, db_path, cfg.control_rate_hz, str(run_dir / "logs"), cfg.domain_id)
-    env = LiberoEnv(LiberoEnvConfig(suite=cfg.suite, task_index=cfg.task))
-    film = EpisodeFilm(method, period_s=1.0 / cfg.control_rate_hz)
+    film = EpisodeFilm(method)
     progress = Progress(method, cfg.max_steps)
+    proc = start_node(method, db_path, cfg.control_rate_hz, str(run_dir / "logs"), cfg.domain_id)
+    env = arm = None
     try:
+        env = LiberoEnv(LiberoEnvConfig(suite=cfg.suite, task_index=cfg.task))
         arm = SimArm(env, SimArmConfig(init_state=cfg.init_state, control_rate_hz=cfg.control_rate_hz,
                                        max_steps=cfg.max_steps, time_mode=cfg.time_mode,
                                        latency_scale=cfg.latency_scale), context=ctx, record_stats=True)  # fmt: skip
-        try:
-            deadline = time.monotonic() + 180.0
-            while not arm.wait_for_node(1.0):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log = run_dir / "logs" / f"node_{method}.log"
-                    tail = "".join(log.read_text().splitlines(keepends=True)[-3:])
-                    raise HeisdError(f"policy_node ({method}) did not come up; the end of {log}:\n{tail}")
+        deadline = time.monotonic() + 180.0
+        while not arm.wait_for_node(1.0):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = run_dir / "logs" / f"node_{method}.log"
+                tail = "".join(log.read_text().splitlines(keepends=True)[-3:])
+                raise HeisdError(f"policy_node ({method}) did not come up; the end of {log}:\n{tail}")
 
-            def on_step(obs: Any, stamp: float | None) -> None:
-                film.frames.append(obs.images[VIEW])
-                film.executing.append(stamp)
-                progress.update(len(film.frames) - 1)
+        def on_step(obs: Any, t: float, stamp: float | None) -> None:
+            film.frames.append(obs.images[VIEW])
+            film.times_s.append(t)
+            film.executing.append(stamp)
+            progress.update(len(film.frames) - 1)
 
-            out = arm.run_episode(on_step=on_step)
-            time.sleep(0.5)  # the last DecodeStats may still be on its way
-            stats = arm.take_stats()
-        finally:
-            arm.close()
+        out = arm.run_episode(on_step=on_step)
+        stats = arm.take_stats(expect=len(out.frame_stamps_s))
+    except RuntimeError as err:  # the node refused the episode's goal
+        raise HeisdError(f"{method}: {err}; see {run_dir / 'logs'}") from err
     finally:
-        env.close()
+        if arm is not None:
+            arm.close()
+        if env is not None:
+            env.close()
         code = stop_node(proc)
-    for stamp, latency in zip(out.frame_stamps_s, out.latencies_s):
-        film.ages_ms[round(stamp, 6)] = 1e3 * cfg.latency_scale * latency
+    record = episode_record(cfg.task, cfg.init_state, out, stats, cfg.latency_scale)
+    film.ages_ms = {round(s, 6): 1e3 * a for s, a in zip(out.frame_stamps_s, record["frame_to_command_s"])}
     film.modes = {k: mode for k, (_, mode, _) in stats.items()}
     film.decode_ms = {k: ms for k, (ms, _, _) in stats.items()}
-    ages, decode = list(film.ages_ms.values()), list(film.decode_ms.values())
-    modes = [film.modes[k] for k in sorted(film.modes)]
-    row = {"method": method, "success": out.success, "ended": out.ended, "steps": out.steps,
-           "task_time_s": round(out.sim_time_s, 2), "decoded_frames": len(out.frame_stamps_s),
-           "frame_to_command_ms": {"p50": _pct(ages, 50), "p95": _pct(ages, 95)},
-           "decode_ms": {"mean": round(float(np.mean(decode)), 1) if decode else None, "p95": _pct(decode, 95)},
-           "mode_mix": {m: modes.count(m) for m in dict.fromkeys(modes)}, "node_exit_code": code,
-           "held_steps": out.held_steps, "steps_detail": [
-               {"stamp_s": s, "age_ms": round(film.ages_ms.get(round(s, 6), np.nan), 2),
-                "decode_ms": film.decode_ms.get(round(s, 6)), "mode": film.modes.get(round(s, 6))}
-               for s in out.frame_stamps_s]}  # fmt: skip
+    row = {"method": method, "ended": out.ended, "decoded_frames": len(out.frame_stamps_s), "node_exit_code": code,
+           **summary([record]), "record": record}  # fmt: skip
     progress.end(out.steps, f"{'success' if out.success else out.ended} in {out.sim_time_s:.1f} s sim")
     return row, film
 
@@ -149,10 +139,11 @@ def format_table(rows: list[dict]) -> str:
         mix = " ".join(f"{m} {100 * n / total:.0f}%" for m, n in r["mode_mix"].items())
         age = "{p50} / {p95}".format(**r["frame_to_command_ms"])
         dec = "{mean} / {p95}".format(**r["decode_ms"])
-        outcome = "success" if r["success"] else r["ended"]
-        lines.append(f"      {r['method']:<7}{outcome:<11}{r['task_time_s']:>10.2f}{age:>23}{dec:>18}   {mix}")
+        outcome = "success" if r["successes"] else r["ended"]
+        lines.append(f"      {r['method']:<7}{outcome:<11}{r['task_time_s_mean']:>10.2f}{age:>23}{dec:>18}   {mix}")
     by = {r["method"]: r for r in rows}
-    if "ar" in by and len(by) > 1:
+    ar = by.get("ar")
+    if ar and ar["decode_ms"]["mean"] and ar["frame_to_command_ms"]["p50"]:
         for m, r in by.items():
             if m != "ar" and r["decode_ms"]["mean"] and r["frame_to_command_ms"]["p50"]:
                 lines.append(f"      {m} against ar: decode step {by['ar']['decode_ms']['mean'] / r['decode_ms']['mean']:.2f}x "
@@ -179,7 +170,9 @@ def run(cfg: LoopDemoConfig, say=print) -> dict:
         ensure_task_db(DemoConfig(model_dir=paths["model_dir"], calibration_path=paths["calibration_path"],
                                   db_path=db_path, libero_suite=cfg.suite, libero_task=cfg.task), say)  # fmt: skip
     run_dir = Path(cfg.out) / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    while run_dir.exists():  # two runs in one second keep both
+        run_dir = run_dir.with_name(run_dir.name + "x")
+    run_dir.mkdir(parents=True)
     say(f"[2/3] {cfg.suite} task {cfg.task}, init state {cfg.init_state}: closed loop through policy_node and the "
         f"simulated arm, {cfg.time_mode} at {cfg.control_rate_hz:g} Hz" +
         (f", latency x{cfg.latency_scale:g}" if cfg.latency_scale != 1 else ""))  # fmt: skip

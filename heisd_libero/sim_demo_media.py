@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,8 @@ class EpisodeFilm:
     method: str
     frames: list[np.ndarray] = field(default_factory=list)
     """agentview after every simulator step (the first: after the reset)."""
+    times_s: list[float] = field(default_factory=list)
+    """Per frame: its simulation time (the arm's clock, waits for a missed tick included)."""
     executing: list[float | None] = field(default_factory=list)
     """Per frame: the frame stamp of the command executed to reach it (None before the first)."""
     modes: dict[float, str] = field(default_factory=dict)
@@ -36,7 +39,6 @@ class EpisodeFilm:
     ages_ms: dict[float, float] = field(default_factory=dict)
     """Frame stamp -> frame-to-command age of its command (ms)."""
     decode_ms: dict[float, float] = field(default_factory=dict)
-    period_s: float = 0.05
 
 
 def _labelled(film: EpisodeFilm, k: int) -> np.ndarray:
@@ -50,7 +52,7 @@ def _labelled(film: EpisodeFilm, k: int) -> np.ndarray:
     mode = film.modes.get(key, "-") if key is not None else "hold"
     colour = MODE_COLOURS.get(mode, (200, 200, 200))
     done = k >= len(film.frames)
-    t = min(k, len(film.frames) - 1) * film.period_s
+    t = film.times_s[min(k, len(film.times_s) - 1)] - film.times_s[0]
     cv2.putText(band, f"{film.method}  t={t:4.1f} s{'  (ended)' if done else ''}", (6, 17), cv2.FONT_HERSHEY_SIMPLEX,
                 0.5, (255, 255, 255), 1, cv2.LINE_AA)  # fmt: skip
     age = film.ages_ms.get(key) if key is not None else None
@@ -67,7 +69,7 @@ def write_video(films: list[EpisodeFilm], path: Path, fps: float) -> Path:
     length = max(len(f.frames) for f in films)
     first = np.concatenate([_labelled(f, 0) for f in films], axis=1)
     with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=round(fps))
+        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height, stream.pix_fmt = first.shape[1], first.shape[0], "yuv420p"
         for k in range(length):
             frame = np.concatenate([_labelled(f, k) for f in films], axis=1)

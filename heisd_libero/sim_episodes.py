@@ -61,7 +61,24 @@ def stop_node(proc: subprocess.Popen) -> int:
         return proc.wait()
 
 
-def _summary(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile, to 0.01 (None for no values)."""
+    return round(float(np.percentile(values, q)), 2) if len(values) else None
+
+
+def episode_record(task: int, init_state: int, out: Any, stats: dict[float, tuple[float, str, float]],
+                   latency_scale: float) -> dict[str, Any]:
+    """One episode's figures (`SimArm.run_episode`'s outcome and `take_stats`), as the report keeps them."""
+    keys = sorted(stats)
+    return {"task": task, "init_state": init_state, "success": out.success, "steps": out.steps,
+            "sim_time_s": round(out.sim_time_s, 3), "ended": out.ended,
+            "frame_to_command_s": [round(latency_scale * x, 5) for x in out.latencies_s],
+            "held_steps": out.held_steps, "waits": out.waits, "decode_ms": [stats[k][0] for k in keys],
+            "modes": [stats[k][1] for k in keys], "cpu_ms": [round(stats[k][2], 2) for k in keys]}  # fmt: skip
+
+
+def summary(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A method's figures over its episodes (`episode_record`s)."""
     ages = np.array([a for e in episodes for a in e["frame_to_command_s"]]) * 1e3
     decode = np.array([d for e in episodes for d in e["decode_ms"]])
     steps = [{"ms": {"total": d}, "cpu_ms": c} for e in episodes for d, c in zip(e["decode_ms"], e["cpu_ms"])]
@@ -69,16 +86,12 @@ def _summary(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     for e in episodes:
         for m in e["modes"]:
             modes[m] = modes.get(m, 0) + 1
-
-    def pct(a: np.ndarray, q: float) -> float | None:
-        return round(float(np.percentile(a, q)), 2) if len(a) else None
-
     return {
         "episodes": len(episodes), "successes": sum(e["success"] for e in episodes),
         "task_time_s_mean": round(float(np.mean([e["sim_time_s"] for e in episodes])), 3) if episodes else None,
         "steps_mean": round(float(np.mean([e["steps"] for e in episodes])), 1) if episodes else None,
-        "frame_to_command_ms": {"p50": pct(ages, 50), "p95": pct(ages, 95)},
-        "decode_ms": {"mean": round(float(decode.mean()), 2) if len(decode) else None, "p95": pct(decode, 95)},
+        "frame_to_command_ms": {"p50": percentile(ages, 50), "p95": percentile(ages, 95)},
+        "decode_ms": {"mean": round(float(decode.mean()), 2) if len(decode) else None, "p95": percentile(decode, 95)},
         "mode_mix": modes,
         # eval-libero's rule: a step whose wall time its own CPU time does not explain waited for a CPU
         "contended_share": round(sum(map(contended, steps)) / len(steps), 4) if steps else None,
@@ -117,24 +130,18 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
                                     raise RuntimeError(f"policy_node ({method}) did not come up; see {args.log_dir}")
                                 t0 = time.monotonic()
                                 out = arm.run_episode()
-                                stats = arm.take_stats()
+                                stats = arm.take_stats(expect=len(out.frame_stamps_s))
                             finally:
                                 arm.close()
-                            episodes.append({"task": task, "init_state": init, "success": out.success, "steps": out.steps,
-                                             "sim_time_s": round(out.sim_time_s, 3), "ended": out.ended,
-                                             "frame_to_command_s": [round(args.latency_scale * x, 5) for x in out.latencies_s],
-                                             "held_steps": out.held_steps, "waits": out.waits,
-                                             "decode_ms": [stats[k][0] for k in sorted(stats)],
-                                             "modes": [stats[k][1] for k in sorted(stats)],
-                                             "cpu_ms": [round(stats[k][2], 2) for k in sorted(stats)],
-                                             "wall_s": round(time.monotonic() - t0, 1)})  # fmt: skip
+                            episodes.append({**episode_record(task, init, out, stats, args.latency_scale),
+                                             "wall_s": round(time.monotonic() - t0, 1)})
                             say(f"sim-episodes: {method} task {task} init {init}: "
                                 f"{'success' if out.success else out.ended} in {out.steps} steps ({out.sim_time_s:.1f} s sim)")
                     finally:
                         env.close()
             finally:
                 code = stop_node(proc)
-            report["methods"][method] = {"summary": _summary(episodes), "node_exit_code": code, "episodes": episodes}
+            report["methods"][method] = {"summary": summary(episodes), "node_exit_code": code, "episodes": episodes}
     finally:
         rclpy.shutdown(context=ctx)
     return report

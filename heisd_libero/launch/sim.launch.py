@@ -10,8 +10,8 @@ node as a user's stack starts it) with the shipped mini policy of this checkout 
 and the simulator's settings over its parameter file (heisd_libero/config/sim_policy.yaml:
 use_sim_time, 20 Hz, commanding on). The arm is `heisd-libero sim-arm` (heisd_libero/sim_arm_node.py):
 it runs `episodes` through the node's ~/run_task and reports each on /sim_arm/episode_report; with
-exit_when_done (default) the launch shuts down after the last one. The database must hold the
-episodes' tasks: `heisd-libero sim-demo` builds the one of task 0 (artifacts/mini_libero_db/...).
+exit_when_done (default) it exits after the last one, and either process ending ends the launch.
+The database must hold the episodes' tasks: `heisd-libero sim-demo` builds the one of task 0 (artifacts/mini_libero_db/...).
 """
 
 from pathlib import Path
@@ -34,7 +34,7 @@ from launch import LaunchDescription
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 MINI = CHECKOUT / "models" / "mini_libero"
-OVERLAY = CHECKOUT / "heisd_libero" / "config" / "sim_policy.yaml"
+OVERLAY = Path(__file__).resolve().parents[1] / "config" / "sim_policy.yaml"
 
 # launch argument -> (default, what it is); the policy's (passed to policy.launch.py)
 POLICY_ARGUMENTS = {
@@ -51,14 +51,13 @@ ARM_ARGUMENTS = {
     "suite": ("libero_object", "LIBERO suite"),
     "time_mode": ("arm_time", "lockstep or arm_time"),
     "latency_scale": ("1.0", "arm_time: the measured latency times this (a larger model)"),
-    "control_rate_hz": ("20.0", "the arm's control rate (the node's is sim_policy.yaml's)"),
     "scene_shift_m": ("0.0", "objects shifted by a seeded U(-d, d) in x and y"),
     "scene_seed": ("0", "eval-libero's --scene-seed"),
     "max_steps": ("300", "control periods per episode"),
     "exit_when_done": ("true", "exit (and shut the launch down) after the last queued episode"),
 }
-ARM_TYPES = {"latency_scale": float, "control_rate_hz": float, "scene_shift_m": float, "scene_seed": int,
-             "max_steps": int}
+ARM_TYPES = {"latency_scale": float, "scene_shift_m": float, "scene_seed": int, "max_steps": int}
+"""The control rate is sim_policy.yaml's for the node and the arm's default for the arm (20 Hz, LIBERO's)."""
 
 
 def _nodes(context, *args, **kwargs):
@@ -77,7 +76,8 @@ def _nodes(context, *args, **kwargs):
     params["exit_when_done"] = value("exit_when_done").strip().lower() in ("true", "1", "yes")
     arm = Node(executable="heisd-libero", arguments=["sim-arm"], name="sim_arm", parameters=[params],
                output="screen", emulate_tty=True)
-    done = RegisterEventHandler(OnProcessExit(target_action=arm, on_exit=[EmitEvent(event=Shutdown())]))
+    # either process ending ends the launch: the arm after its last episode, or a node that died
+    done = RegisterEventHandler(OnProcessExit(on_exit=[EmitEvent(event=Shutdown())]))
     return [policy, arm, done]
 
 

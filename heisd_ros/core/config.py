@@ -184,7 +184,8 @@ class VerifySkipConfig:
     max_distance_bounds_m: tuple[float, float] = (0.0, 0.2)
     """Clamp range of O_dist under feedback and calibration, metres."""
     state_path: str = ""
-    """Where min_S/O_dist are persisted after feedback ('' = not persisted)."""
+    """Where min_S/O_dist are persisted after feedback, and read back at start-up, with `online`
+    ('' = not persisted)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.min_similarity_bounds

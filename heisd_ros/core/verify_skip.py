@@ -101,7 +101,7 @@ class VerifySkipPolicy:
         self.min_similarity = self.cfg.min_similarity
         self.max_distance_m = self.cfg.max_distance_m
         self.consecutive_skips = 0
-        if self.cfg.state_path:
+        if self.cfg.state_path and self.cfg.online:  # without the online stage the point's thresholds run
             self._load(Path(self.cfg.state_path))
 
     # ------------------------------------------------------------------ online rule

@@ -232,7 +232,7 @@ def test_feedback_clamps_to_bounds():
 
 def test_persistence_round_trip(tmp_path):
     path = tmp_path / "sub" / "skip_state.json"
-    cfg = VerifySkipConfig(state_path=str(path), feedback_step=0.01)
+    cfg = VerifySkipConfig(state_path=str(path), feedback_step=0.01, online=True)
     policy = VerifySkipPolicy(cfg)
     policy.feedback(False)
     assert path.exists()
@@ -240,11 +240,14 @@ def test_persistence_round_trip(tmp_path):
     assert restarted.min_similarity == policy.min_similarity != cfg.min_similarity
     assert restarted.max_distance_m == policy.max_distance_m != cfg.max_distance_m
     assert restarted.consecutive_skips == 0
+    # without the online stage the point's thresholds run, whatever an earlier online run saved
+    offline = VerifySkipPolicy(dataclasses.replace(cfg, online=False))
+    assert (offline.min_similarity, offline.max_distance_m) == (cfg.min_similarity, cfg.max_distance_m)
 
 
 def test_write_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch):
     path = tmp_path / "skip_state.json"
-    cfg = VerifySkipConfig(state_path=str(path))
+    cfg = VerifySkipConfig(state_path=str(path), online=True)
     policy = VerifySkipPolicy(cfg)
     policy.feedback(True)
     good = path.read_text()
@@ -283,7 +286,7 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch):
 def test_corrupt_state_file_gives_defaults_and_a_warning(tmp_path, caplog, content):
     path = tmp_path / "skip_state.json"
     path.write_text(content)
-    cfg = VerifySkipConfig(state_path=str(path))
+    cfg = VerifySkipConfig(state_path=str(path), online=True)
     with caplog.at_level(logging.WARNING, logger="heisd_ros.core.verify_skip"):
         policy = VerifySkipPolicy(cfg)
     assert policy.min_similarity == cfg.min_similarity
@@ -293,7 +296,7 @@ def test_corrupt_state_file_gives_defaults_and_a_warning(tmp_path, caplog, conte
 
 def test_state_from_other_configured_thresholds_is_ignored(tmp_path, caplog):
     path = tmp_path / "skip_state.json"
-    old = VerifySkipConfig(state_path=str(path), min_similarity=0.95)
+    old = VerifySkipConfig(state_path=str(path), min_similarity=0.95, online=True)
     VerifySkipPolicy(old).feedback(True)
     recalibrated = dataclasses.replace(old, min_similarity=0.9)
     with caplog.at_level(logging.WARNING, logger="heisd_ros.core.verify_skip"):
@@ -304,7 +307,7 @@ def test_state_from_other_configured_thresholds_is_ignored(tmp_path, caplog):
 
 def test_out_of_bounds_state_is_clamped(tmp_path):
     path = tmp_path / "skip_state.json"
-    cfg = VerifySkipConfig(state_path=str(path))
+    cfg = VerifySkipConfig(state_path=str(path), online=True)
     state = VerifySkipPolicy(cfg).state_dict()
     state.update(min_similarity=5.0, max_distance_m=-1.0)
     path.write_text(json.dumps(state))

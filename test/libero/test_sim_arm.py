@@ -69,7 +69,8 @@ def test_a_lockstep_episode_through_the_node_decodes_what_eval_libero_decodes():
         arm = SimArm(env, SimArmConfig(init_state=40, max_steps=STEPS), context=ctx)
         try:
             assert arm.wait_for_node(120.0), f"the policy node did not come up (exit {proc.poll()})"
-            outcome = arm.run_episode()
+            executed: list[float | None] = []
+            outcome = arm.run_episode(on_step=lambda obs, t, stamp: executed.append(stamp))
         finally:
             arm.close()
             proc.send_signal(signal.SIGINT)
@@ -79,6 +80,7 @@ def test_a_lockstep_episode_through_the_node_decodes_what_eval_libero_decodes():
         env.close()
     assert outcome.steps == STEPS and outcome.ended in ("max_steps", "success"), (outcome.ended, out[-3000:])
     assert outcome.held_steps == [1] * STEPS
+    assert executed == [None, *outcome.frame_stamps_s]  # in lockstep a frame's command moves the arm at once
     for k, (got, want) in enumerate(zip(outcome.actions, expected)):
         np.testing.assert_allclose(got, want, atol=1e-9, err_msg=f"step {k}")
     assert proc.returncode == 0, out[-3000:]
@@ -115,7 +117,8 @@ def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
     try:
         assert arm.wait_for_node(60.0), f"the policy node did not come up (exit {proc.poll()})"
         executed: list[float | None] = []  # per simulator step: the frame stamp of the command executed
-        outcome = arm.run_episode(on_step=lambda obs, stamp: executed.append(stamp))
+        times: list[float] = []
+        outcome = arm.run_episode(on_step=lambda obs, t, stamp: (executed.append(stamp), times.append(t)))
     finally:
         arm.close()
         proc.send_signal(signal.SIGINT)
@@ -127,6 +130,8 @@ def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
     expected = [None] + [s for k, held in enumerate(outcome.held_steps)
                          for s in [outcome.frame_stamps_s[k - 1] if k else None] * held]  # fmt: skip
     assert executed == expected[: outcome.steps + 1]
+    # simulation time per simulator step: a period each, and the periods the clock moved on for a missed tick
+    assert times[0] == 1.0 and times[-1] == pytest.approx(1.0 + outcome.sim_time_s)
     assert all(lat >= 0.12 for lat in outcome.latencies_s), outcome.latencies_s
     assert set(outcome.held_steps[:-1]) <= {3, 4}, (outcome.held_steps, outcome.latencies_s)
     # frames are held_steps periods apart, plus the periods the clock moved on for a missed tick

@@ -63,10 +63,10 @@ def test_the_demo_runs_each_method_closed_loop_and_writes_the_video_and_table(ta
     rows = {r["method"]: r for r in result["methods"]}
     assert list(rows) == ["ar", "heisd"]
     for r in rows.values():
-        assert r["steps"] == T and r["node_exit_code"] == 0
-        assert r["decoded_frames"] == len(r["held_steps"]) >= 1 and sum(r["held_steps"]) >= T
+        assert r["steps_mean"] == T and r["node_exit_code"] == 0 and r["decoded_frames"] >= 1
         assert r["frame_to_command_ms"]["p50"] > 0 and r["decode_ms"]["mean"] > 0
         assert sum(r["mode_mix"].values()) == r["decoded_frames"]  # a DecodeStats per decoded frame
+        assert 0 <= r["contended_share"] <= 1
     assert set(rows["ar"]["mode_mix"]) == {"ar"}
     assert "frame-to-command age" in out and "decode step" in out and "heisd against ar" in out
     assert out.count(" steps ") >= 2  # a progress line per method, not one per step

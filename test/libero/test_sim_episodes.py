@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from heisd_libero.sim_episodes import _summary, build_parser
+from heisd_libero.sim_episodes import build_parser, summary
 
 
 def test_the_summary_counts_what_the_episodes_did() -> None:
@@ -12,14 +12,14 @@ def test_the_summary_counts_what_the_episodes_did() -> None:
         {"success": False, "steps": 30, "sim_time_s": 1.5, "frame_to_command_s": [0.06], "decode_ms": [20.0],
          "modes": ["skip"], "cpu_ms": [19.0]},
     ]  # fmt: skip
-    s = _summary(episodes)
+    s = summary(episodes)
     assert s["episodes"] == 2 and s["successes"] == 1
     assert s["task_time_s_mean"] == 1.0 and s["steps_mean"] == 20.0
     assert s["frame_to_command_ms"]["p50"] == 40.0
     assert s["decode_ms"]["mean"] == 20.0
     assert s["mode_mix"] == {"skip": 2, "retrieval": 1}
     assert s["contended_share"] == round(1 / 3, 4)  # 30 ms of wall for 12 ms of CPU: it waited
-    assert _summary([])["episodes"] == 0
+    assert summary([])["episodes"] == 0
 
 
 def test_arm_time_at_20_hz_is_the_default() -> None:

@@ -46,7 +46,8 @@ def test_sim_launch_starts_the_users_policy_launch_in_sim_time_and_the_arm(monke
     for name, value in params.items():  # what the node declares, typed as it declares it
         assert type(value) is type(PARAMETERS[name]), name
     assert params["episodes"] == ["0:40"] and params["exit_when_done"] is True
-    assert done.args[0].kwargs["target_action"] is arm  # the launch ends with the arm's last episode
+    (shutdown,) = done.args[0].kwargs["on_exit"]  # either process ending (the arm's last episode) ends the launch
+    assert "target_action" not in done.args[0].kwargs and type(shutdown.kwargs["event"]).__name__ == "Shutdown"
     _, arm, _ = _plan(monkeypatch, episodes="['3:41', '4:40']", time_mode="lockstep", latency_scale="4.7")
     (params,) = arm.kwargs["parameters"]
     assert params["episodes"] == ["3:41", "4:40"] and params["time_mode"] == "lockstep"
