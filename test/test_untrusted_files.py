@@ -341,7 +341,7 @@ def test_a_verify_skip_state_file_over_the_cap_is_ignored_like_a_corrupt_one(tmp
     from heisd_ros.core.config import VerifySkipConfig
     from heisd_ros.core.verify_skip import VerifySkipPolicy
 
-    cfg = VerifySkipConfig(state_path=str(_sparse(tmp_path / "skip_state.json")))
+    cfg = VerifySkipConfig(state_path=str(_sparse(tmp_path / "skip_state.json")), online=True)
     with caplog.at_level(logging.WARNING, logger="heisd_ros.core.verify_skip"):
         policy = VerifySkipPolicy(cfg)
     assert (policy.min_similarity, policy.max_distance_m) == (cfg.min_similarity, cfg.max_distance_m)

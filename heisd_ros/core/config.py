@@ -174,7 +174,8 @@ class VerifySkipConfig:
     online: bool = False
     """Alg. 1's online stage: each episode's result moves min_S and O_dist (feedback_step,
     distance_shrink). Off, the thresholds stay the operating point's, as its figures were measured;
-    on, unverified steps move an arm at thresholds nobody measured, so it is off unless asked for."""
+    on, unverified steps move an arm at thresholds nobody measured, so it is off unless asked for
+    (a deployment's choice: an operating-point file never sets it)."""
     feedback_step: float = 0.005
     """Delta applied to min_S per episode result (with `online`)."""
     distance_shrink: float = 0.9

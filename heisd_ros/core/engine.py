@@ -196,8 +196,8 @@ class HybridDecoder:
         self.gripper.reset()
 
     def episode_feedback(self, success: bool) -> None:
-        """Alg. 1's online stage: the episode's result moves the verify-skip thresholds, where the
-        operating point turns it on (verify_skip.online); otherwise they stay as measured."""
+        """Alg. 1's online stage: the episode's result moves the verify-skip thresholds where the
+        deployment turns it on (verify_skip.online); otherwise they stay the point's, as measured."""
         if self.skip.cfg.online:
             self.skip.feedback(bool(success))
 

@@ -294,8 +294,9 @@ POINT_SECTIONS = {"fused_metric": FusedMetricConfig, "verify_skip": VerifySkipCo
 """The DecoderConfig sections an operating point sets whole."""
 POINT_SCALARS = ("gripper_hold_steps",)
 """DecoderConfig fields outside the sections that belong to the point."""
-NOT_IN_POINT = {"verify_skip": ("state_path",)}
-"""Fields of those sections that belong to a deployment, not to the point (where feedback is kept)."""
+NOT_IN_POINT = {"verify_skip": ("state_path", "online")}
+"""Fields of those sections that belong to a deployment, not to the point: whether episode feedback
+moves the thresholds (no figure is measured with it) and where it is kept."""
 POINT_EXTRAS = ("version", "chosen_from", "meta")
 """Other top-level keys of the file: its version, where the point was chosen from, what it was fitted on."""
 
@@ -328,7 +329,8 @@ def complete_point(calib: dict, cfg: DecoderConfig, chosen_from: dict | None = N
 def apply_point(cfg: DecoderConfig, data: dict) -> DecoderConfig:
     """cfg with every setting an operating-point mapping gives. Raises ConfigError on an unknown key,
     another version or a value its configuration refuses. A user's explicit `verify_skip.enabled:
-    false` wins over the file (turning skips off is always safe)."""
+    false` wins over the file (turning skips off is always safe), and the online stage
+    (`verify_skip.online`) is the deployment's, never the file's."""
     if not isinstance(data, dict):
         raise ConfigError(f"an operating point is a JSON object, got {type(data).__name__}")
     version = data.get("version", 1)
@@ -350,6 +352,8 @@ def apply_point(cfg: DecoderConfig, data: dict) -> DecoderConfig:
     out = dataclasses.replace(cfg, **changes)
     if not cfg.verify_skip.enabled and out.verify_skip.enabled:
         out = dataclasses.replace(out, verify_skip=dataclasses.replace(out.verify_skip, enabled=False))
+    if out.verify_skip.online != cfg.verify_skip.online:  # the deployment's choice, never a file's
+        out = dataclasses.replace(out, verify_skip=dataclasses.replace(out.verify_skip, online=cfg.verify_skip.online))
     return out
 
 

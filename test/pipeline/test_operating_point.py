@@ -95,6 +95,15 @@ def test_an_explicit_skip_off_wins_over_the_file():
     assert not apply_point(off, {"verify_skip": {"enabled": True, "min_similarity": 0.97}}).verify_skip.enabled
 
 
+def test_the_online_stage_is_the_deployments_never_a_point_files():
+    """No figure is measured with episode feedback: a file cannot turn it on, nor off where it runs."""
+    file = {"verify_skip": {"online": True, "min_similarity": 0.97}}
+    assert not apply_point(DecoderConfig(), file).verify_skip.online
+    on = DecoderConfig(verify_skip=VerifySkipConfig(online=True))
+    assert apply_point(on, {"verify_skip": {"online": False}}).verify_skip.online
+    assert "online" not in json.loads(SHIPPED_POINT.read_text())["verify_skip"]
+
+
 def test_the_shipped_point_is_complete():
     point = json.loads(SHIPPED_POINT.read_text())
     assert point["version"] == POINT_VERSION
