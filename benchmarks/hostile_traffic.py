@@ -27,7 +27,6 @@ import argparse
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from heisd_ros.pipeline.outputs import git_revision  # noqa: E402
+from heisd_ros.ros.node_main import stop_process  # noqa: E402
 
 POLICY = REPO / "models" / "mini_libero"
 DB = REPO / "artifacts" / "mini_libero_db" / "libero_object_task0"
@@ -218,16 +218,6 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def stop_node(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
 def _up(d: Driver, proc: subprocess.Popen) -> None:
     ok = d.wait(lambda: proc.poll() is not None or (all(p.get_subscription_count() for p in d.pub_img)
                 and d.pub_instr.get_subscription_count() > 0), 180.0)  # fmt: skip
@@ -383,7 +373,7 @@ def leg(domain_id: int, compressed: bool, with_bursts: bool, log: Path, cycles: 
             result["memory"] = memory(d, proc, cycles)
     finally:
         d.close()
-        result["exit_code"] = stop_node(proc)
+        result["exit_code"] = stop_process(proc)
         text = log.read_text(errors="replace")
         result["tracebacks"] = text.count("Traceback")
     return result

@@ -50,7 +50,6 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -62,6 +61,7 @@ import numpy as np
 
 from heisd_ros.core.errors import ConfigError
 from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.ros.node_main import stop_process
 from heisd_ros.ros.topics import image_topic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -506,13 +506,7 @@ def run(cfg: SoakConfig, say=print) -> dict:
     finally:
         stop.set()
         t_stop = time.monotonic()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         stop_s = time.monotonic() - t_stop
         driver.close()
     result = _report(cfg, driver, m["diag0"], m["diag"], m["rss"], m["measured_s"], proc.returncode, m["crashed_at"])

@@ -83,7 +83,8 @@ def run_method(method: str, cfg: LoopDemoConfig, db_path: str, run_dir: Path, ct
     from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig
     from heisd_libero.sim_arm import SimArm, SimArmConfig
     from heisd_libero.sim_demo_media import EpisodeFilm
-    from heisd_libero.sim_episodes import episode_record, start_node, stop_node, summary
+    from heisd_libero.sim_episodes import episode_record, start_node, summary
+    from heisd_ros.ros.node_main import stop_process
 
     # after LIBERO's import, which sets DeprecationWarnings to "once": lark's (via rosidl) is noise here
     warnings.filterwarnings("ignore", message="module 'sre_", category=DeprecationWarning)
@@ -118,7 +119,7 @@ def run_method(method: str, cfg: LoopDemoConfig, db_path: str, run_dir: Path, ct
             arm.close()
         if env is not None:
             env.close()
-        code = stop_node(proc)
+        code = stop_process(proc)
     record = episode_record(cfg.task, cfg.init_state, out, stats, cfg.latency_scale)
     film.ages_ms = {round(s, 6): 1e3 * a for s, a in zip(out.frame_stamps_s, record["frame_to_command_s"])}
     film.modes = {k: mode for k, (_, mode, _) in stats.items()}

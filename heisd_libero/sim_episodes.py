@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import numpy as np
 from heisd_libero.eval_evidence import contended
 from heisd_ros.pipeline.libero_runs import published_paths
 from heisd_ros.pipeline.outputs import git_revision
+from heisd_ros.ros.node_main import stop_process
 from heisd_ros.tools.args import parse_range
 
 DOMAIN_ID = 79
@@ -49,16 +49,6 @@ def start_node(method: str, db_path: str, control_rate_hz: float, log_dir: str, 
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ROS_DOMAIN_ID": str(domain_id), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def stop_node(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 def percentile(values, q: float) -> float | None:
@@ -140,7 +130,7 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
                     finally:
                         env.close()
             finally:
-                code = stop_node(proc)
+                code = stop_process(proc)
             report["methods"][method] = {"summary": summary(episodes), "node_exit_code": code, "episodes": episodes}
     finally:
         rclpy.shutdown(context=ctx)

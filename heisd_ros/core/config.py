@@ -173,9 +173,8 @@ class VerifySkipConfig:
     next, so a demonstration action far from the last checked one is likely far from the policy's."""
     online: bool = False
     """Alg. 1's online stage: each episode's result moves min_S and O_dist (feedback_step,
-    distance_shrink). Off, the thresholds stay the operating point's, as its figures were measured;
-    on, unverified steps move an arm at thresholds nobody measured, so it is off unless asked for
-    (a deployment's choice: an operating-point file never sets it)."""
+    distance_shrink). Off (default), the thresholds stay the point's, as measured; on, unverified
+    steps move an arm at thresholds nobody measured. A deployment's choice, never a point file's."""
     feedback_step: float = 0.005
     """Delta applied to min_S per episode result (with `online`)."""
     distance_shrink: float = 0.9

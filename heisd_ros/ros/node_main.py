@@ -9,6 +9,7 @@ that raises is logged, not allowed to end the process.
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
 from typing import Any, Callable
@@ -21,6 +22,18 @@ from heisd_ros.core.errors import HeisdError
 from heisd_ros.ros.standalone_args import ros_args
 from heisd_ros.ros.transport import fastdds_reader_memory
 from heisd_ros.ros.worker import describe
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    """End a `policy_node` started as a subprocess the way `run` expects (SIGINT: its ordered
+    shutdown), killing it if it has not exited after `timeout_s`; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def _on_stop_signals(handler: Callable[[int, Any], None]) -> None:
