@@ -31,9 +31,9 @@ import torch
 from heisd_ros.core.config import DecoderConfig, require
 from heisd_ros.core.engine import HybridDecoder
 from heisd_ros.core.errors import UnknownTaskError
-from heisd_ros.core.types import GRIPPER_INDEX, Hit, Observation, StepStats
+from heisd_ros.core.types import Observation, StepStats
 from heisd_ros.core.tree import sequence_tree
-from heisd_ros.core.verify_skip import cosine_similarity
+from heisd_ros.core.verify_skip import cosine_similarity, gripper_switch_in
 
 LIVE_LAGS = 4
 """Similarities are kept to the live feature of the last this many executed steps: a replay with
@@ -70,15 +70,6 @@ class ShadowStep:
     """What the Top-K tree's acceptance would execute (() without hits)."""
     fallback: str = ""
     """Why no hit was retrieved ('' when the database answered)."""
-
-
-def gripper_switch_in(hit: Hit) -> int:
-    """Steps after `hit` until its demonstration's gripper command changes sign (0: not in its next actions)."""
-    now = float(hit.action[GRIPPER_INDEX]) > 0.0
-    for k, a in enumerate(hit.next_actions, start=1):
-        if (float(a[GRIPPER_INDEX]) > 0.0) != now:
-            return k
-    return 0
 
 
 class ShadowDecoder(HybridDecoder):

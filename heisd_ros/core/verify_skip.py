@@ -78,6 +78,41 @@ def hit_spread_bins(hit: Hit, hits: Sequence[Hit]) -> float:
     return float(np.median(others)) if others else math.nan
 
 
+def gripper_switch_in(hit: Hit) -> int:
+    """Actions after `hit` until its demonstration opens or closes the gripper (0: not within the
+    stored next actions). Stored gripper actions are in [-1, 1] (build-db normalises other ranges):
+    a change is a change of sign."""
+    now = float(hit.action[GRIPPER_INDEX]) > 0.0
+    for k, a in enumerate(hit.next_actions, start=1):
+        if (float(a[GRIPPER_INDEX]) > 0.0) != now:
+            return k
+    return 0
+
+
+def skip_verdict(cfg: VerifySkipConfig, min_similarity: float, max_distance_m: float, *, gripper_kept: bool,
+                 switch_in: int, similarity: float, distance: float, spread: float, from_verified: float) -> str:
+    """The skip check on a hit's measures, at thresholds (min_S, O_dist): REASON_SKIP or why not.
+    One rule for the decoder and for `heisd choose-point --shadow`'s offline replay.
+
+    A skip keeps the gripper, and none is taken where the demonstration switches it within
+    `gripper_lookahead_steps`: there the policy usually switches a step or two earlier or later,
+    so a skip would hold the gripper against the model."""
+    if not gripper_kept:
+        return REASON_GRIPPER
+    if 0 < switch_in <= cfg.gripper_lookahead_steps:
+        return REASON_GRIPPER_AHEAD
+    if similarity < min_similarity:
+        return REASON_SIMILARITY
+    if distance > max_distance_m:
+        return REASON_DISTANCE
+    # NaN (no other hit, no verified step yet) fails an enabled check: no evidence, no skip
+    if cfg.max_hit_spread_bins and not spread <= cfg.max_hit_spread_bins:
+        return REASON_SPREAD
+    if cfg.max_bins_from_verified and not from_verified <= cfg.max_bins_from_verified:
+        return REASON_FROM_VERIFIED
+    return REASON_SKIP
+
+
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
     """cos(a, b) of two vectors [D] in float64; 0.0 if either has zero norm."""
     a64 = np.asarray(a, dtype=np.float64).ravel()
@@ -135,35 +170,11 @@ class VerifySkipPolicy:
         spread = hit_spread_bins(hit, hits)
         from_verified = math.nan if last_verified_tokens is None else position_bins(hit.action_tokens,
                                                                                      last_verified_tokens)
-        measures = (similarity, distance, spread, from_verified)
-        if last_gripper_token is None or int(hit.action_tokens[GRIPPER_INDEX]) != int(last_gripper_token):
-            return SkipDecision(False, REASON_GRIPPER, *measures)
-        if self._gripper_changes_ahead(hit):
-            return SkipDecision(False, REASON_GRIPPER_AHEAD, *measures)
-        if similarity < self.min_similarity:
-            return SkipDecision(False, REASON_SIMILARITY, *measures)
-        if distance > self.max_distance_m:
-            return SkipDecision(False, REASON_DISTANCE, *measures)
-        c = self.cfg
-        # NaN (no other hit, no verified step yet) fails an enabled check: no evidence, no skip
-        if c.max_hit_spread_bins and not spread <= c.max_hit_spread_bins:
-            return SkipDecision(False, REASON_SPREAD, *measures)
-        if c.max_bins_from_verified and not from_verified <= c.max_bins_from_verified:
-            return SkipDecision(False, REASON_FROM_VERIFIED, *measures)
-        return SkipDecision(True, REASON_SKIP, *measures)
-
-    def _gripper_changes_ahead(self, hit: Hit) -> bool:
-        """Whether the demonstration opens or closes the gripper within the next
-        `gripper_lookahead_steps` actions after the hit. A skip keeps the gripper (the check before
-        this one); where the demonstration is about to switch it, the policy usually switches it
-        a step or two earlier or later, so a skip there would hold the gripper against the model.
-        Stored gripper actions are in [-1, 1] (build-db normalises other ranges): a change is a
-        change of sign."""
-        n = self.cfg.gripper_lookahead_steps
-        if n == 0 or not hit.next_actions:
-            return False
-        now = float(hit.action[GRIPPER_INDEX]) > 0.0
-        return any((float(a[GRIPPER_INDEX]) > 0.0) != now for a in hit.next_actions[:n])
+        gripper_kept = last_gripper_token is not None and int(hit.action_tokens[GRIPPER_INDEX]) == int(last_gripper_token)
+        reason = skip_verdict(self.cfg, self.min_similarity, self.max_distance_m, gripper_kept=gripper_kept,
+                              switch_in=gripper_switch_in(hit), similarity=similarity, distance=distance,
+                              spread=spread, from_verified=from_verified)  # fmt: skip
+        return SkipDecision(reason == REASON_SKIP, reason, similarity, distance, spread, from_verified)
 
     @staticmethod
     def _measure(f_live: np.ndarray, hit: Hit, ee_pos: np.ndarray) -> tuple[float, float]:

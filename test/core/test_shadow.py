@@ -9,9 +9,9 @@ import pytest
 
 from heisd_ros.core.config import ConfigError, DecoderConfig, FusedMetricConfig
 from heisd_ros.core.engine import HybridDecoder
-from heisd_ros.core.shadow import LIVE_LAGS, ShadowDecoder, gripper_switch_in
+from heisd_ros.core.shadow import LIVE_LAGS, ShadowDecoder
 from heisd_ros.core.types import Hit
-from heisd_ros.core.verify_skip import cosine_similarity
+from heisd_ros.core.verify_skip import cosine_similarity, gripper_switch_in
 
 
 def _shadow(vla, drafter, store) -> ShadowDecoder:
