@@ -91,3 +91,30 @@ def test_the_gripper_switch_is_counted_from_the_hit():
     assert gripper_switch_in(hit(1.0, [-1.0])) == 1
     assert gripper_switch_in(hit(-1.0, [-1.0, -1.0, -1.0])) == 0
     assert gripper_switch_in(hit(-1.0, [])) == 0
+
+
+def test_a_replay_of_the_records_decides_what_heisd_decides_on_the_same_observations(vla, drafter, demo_store, helpers):
+    """Open loop, the database holding ar's exact tokens for these observations (so heisd executes
+    what ar executes): heisd at a point, stepping the observations itself, and the offline replay of
+    that point over the shadow records of ar's run take the same mode on every step."""
+    from heisd_ros.core.config import SourceChoiceConfig, VerifySkipConfig
+    from heisd_ros.pipeline.shadow_replay import replay_episode
+
+    point = DecoderConfig(method="heisd", fused_metric=FusedMetricConfig(tau=0.0),
+                          source_choice=SourceChoiceConfig(enabled=False),
+                          verify_skip=VerifySkipConfig(min_similarity=-1.0, min_similarity_bounds=(-1.0, 1.0),
+                                                       max_distance_m=0.2, max_consecutive_skips=2,
+                                                       max_bins_from_verified=12))  # fmt: skip
+    seeds = [3, 3, 3, 3, 5, 3, 3, 3, 3, 3]  # seed 5 at a far pose: a step that cannot skip
+    heisd = HybridDecoder(vla, point, store=demo_store, drafter=drafter)
+    ar = HybridDecoder(vla, DecoderConfig(method="ar"))
+    shadow = ShadowDecoder(vla, point, store=demo_store, drafter=drafter)
+    modes, records = [], []
+    for i, seed in enumerate(seeds):
+        obs = helpers.random_obs(seed)
+        obs.ee_pos = obs.ee_pos + np.array([0.0, 0.0, 0.001 * i])  # near the demonstrations' poses, moving
+        modes.append(heisd.step(obs)[1].mode)
+        _, st = ar.step(obs)
+        records.append(shadow.shadow(obs, st.tokens, ar.f_live))
+    assert "skip" in modes and "retrieval" in modes
+    assert [s.mode for s in replay_episode(records, point)] == modes

@@ -1,0 +1,67 @@
+"""replay_episode: heisd's decisions at a candidate point over shadow records, the sequence included."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from heisd_ros.core.config import DecoderConfig, FusedMetricConfig, SourceChoiceConfig, VerifySkipConfig
+from heisd_ros.core.shadow import ShadowHit, ShadowStep
+from heisd_ros.pipeline.shadow_replay import replay_episode
+
+AR = (100, 100, 100, 128, 128, 128, 255)
+
+
+def _hit(shift: int = 0, similarity: tuple[float, ...] = (0.99, 0.99, 0.99, 0.99), distance_m: float = 0.005,
+         gripper: int = 255, switch_in: int = 0) -> ShadowHit:
+    return ShadowHit(score=0.9, tokens=(100 + shift, 100, 100, 128, 128, 128, gripper), distance_m=distance_m,
+                     similarity=similarity, gripper_switch_in=switch_in)
+
+
+def _steps(n: int, hits=lambda t: (_hit(),), f: float = 0.5) -> list[ShadowStep]:
+    """n recorded steps; the first has no earlier live feature (its hits' similarity is empty)."""
+    out = []
+    for t in range(n):
+        hs = tuple(ShadowHit(h.score, h.tokens, h.distance_m, h.similarity[:t], h.gripper_switch_in) for h in hits(t))
+        out.append(ShadowStep(fused_metric=f if t >= 2 else math.nan, executed_tokens=AR, hits=hs, drafter_forwards=3,
+                              tree_forwards=1, tree_tokens=hs[0].tokens if hs else ()))  # fmt: skip
+    return out
+
+
+def _point(**skip) -> DecoderConfig:
+    vs = VerifySkipConfig(min_similarity=0.98, max_distance_m=0.01, max_consecutive_skips=3, **skip)
+    return DecoderConfig(method="heisd", fused_metric=FusedMetricConfig(tau=0.0),
+                         source_choice=SourceChoiceConfig(enabled=False), verify_skip=vs)  # fmt: skip
+
+
+def test_skips_run_at_most_n_max_in_a_row_and_each_reads_the_live_feature_of_its_last_verified_step():
+    steps = replay_episode(_steps(10), _point())
+    # no window for two steps (drafter, verified: they give the live feature), then N_max skips and a verified one
+    assert [s.mode for s in steps] == ["drafter", "drafter", "skip", "skip", "skip", "retrieval",
+                                       "skip", "skip", "skip", "retrieval"]  # fmt: skip
+    assert steps[5].skip_check == "max_consecutive_skips"
+    assert [s.cost_forwards for s in steps[4:6]] == [0.3, 1 + 0.5 + 0.9]  # SourceChoiceConfig's counted costs
+
+
+def test_a_similarity_below_min_s_at_the_lag_of_the_skips_since_the_last_verified_step_stops_the_run():
+    # the hit is similar to the newest live feature only: after one skip the check reads lag 1
+    steps = replay_episode(_steps(6, hits=lambda t: (_hit(similarity=(0.99, 0.5, 0.5, 0.5)),)), _point())
+    assert [s.mode for s in steps] == ["drafter", "drafter", "skip", "retrieval", "skip", "retrieval"]
+    assert steps[3].skip_check == "low_similarity"
+
+
+def test_deviations_are_against_what_was_executed_and_a_gripper_switch_ahead_refuses_the_skip():
+    steps = replay_episode(_steps(5, hits=lambda t: (_hit(shift=12),)), _point())
+    assert [s.position_bins for s in steps if s.mode == "skip"] == [12.0, 12.0, 12.0]
+    assert not any(s.gripper_differs for s in steps)
+    ahead = replay_episode(_steps(5, hits=lambda t: (_hit(switch_in=2),)), _point(gripper_lookahead_steps=3))
+    assert "skip" not in [s.mode for s in ahead] and ahead[2].skip_check == "gripper_change_ahead"
+
+
+def test_the_boundary_sends_steps_below_tau_to_the_drafter():
+    cfg = _point()
+    steps = replay_episode(_steps(5, f=0.2), DecoderConfig(method="heisd", fused_metric=FusedMetricConfig(tau=0.3),
+                                                           source_choice=cfg.source_choice, verify_skip=cfg.verify_skip))
+    assert {s.mode for s in steps} == {"drafter"}
+    assert steps[0].cost_forwards == pytest.approx(3 + 0.5 + 0.7) and steps[0].position_bins == 0.0
