@@ -16,12 +16,14 @@ computes on the same observation everything heisd's decisions read, so that `hei
   and the Top-K tree's (forwards and the tokens relaxed acceptance would execute).
 
 The executed tokens and live feature come from the executing decoder after its step. Deterministic
-(no clock); its cost is a vision pass over the query views, a query and two decodes.
+(no decision reads a clock; the paths' times are measured for choose-point's speed estimate); its
+cost is a vision pass over the query views, a query and two decodes.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -70,6 +72,14 @@ class ShadowStep:
     """What the Top-K tree's acceptance would execute (() without hits)."""
     fallback: str = ""
     """Why no hit was retrieved ('' when the database answered)."""
+    vision_ms: float = math.nan
+    """Measured (never acted on) for the speed estimate: the backbone over the query views,"""
+    retrieval_ms: float = math.nan
+    """the query,"""
+    drafter_ms: float = math.nan
+    """the drafter path's decode (projector, prompt, drafting, verification)"""
+    tree_ms: float = math.nan
+    """and the Top-K tree's (NaN without hits)."""
 
 
 class ShadowDecoder(HybridDecoder):
@@ -94,6 +104,7 @@ class ShadowDecoder(HybridDecoder):
             self.reset(obs.instruction)
         executed = tuple(int(t) for t in executed_tokens)
         st, lat = StepStats(method="heisd"), {}
+        ms = {}
         with torch.inference_mode():
             self.metric.push(np.asarray(obs.ee_pos, dtype=np.float64))
             f = self.metric.value()
@@ -102,16 +113,20 @@ class ShadowDecoder(HybridDecoder):
                 hits = self._maybe_retrieve(obs, query, st, lat)
             except UnknownTaskError:  # the executing method runs on; the record says why it has no hits
                 hits, st.fallback = [], "task not in database"
+            t0 = time.perf_counter()
             drafted = self._new_decode(obs, patches, lat)
             self._finish(drafted, StepStats(method="heisd"), lat)
+            ms["drafter"] = (time.perf_counter() - t0) * 1e3
             tree_forwards, tree_tokens = 0, ()
             if hits:
+                t0 = time.perf_counter()
                 tree = sequence_tree([tuple(int(t) for t in h.action_tokens) for h in hits],
                                      max_nodes=self.cfg.retrieval.max_tree_nodes)
                 decode = self._new_decode(obs, patches, lat)
                 decode.forward(tree, self.retrieval_rule, self.vocab_size)
                 self._finish(decode, StepStats(method="heisd"), lat)
                 tree_forwards, tree_tokens = decode.target.forwards, tuple(decode.tokens)
+                ms["tree"] = (time.perf_counter() - t0) * 1e3
         ee = np.asarray(obs.ee_pos, dtype=np.float64)
         seen = tuple(ShadowHit(score=float(h.score), tokens=tuple(int(t) for t in h.action_tokens),
                                distance_m=float(np.linalg.norm(ee - np.asarray(h.ee_pos, dtype=np.float64))),
@@ -122,4 +137,6 @@ class ShadowDecoder(HybridDecoder):
             self.lives.appendleft(np.asarray(executed_live, dtype=np.float32))
         return ShadowStep(fused_metric=math.nan if f is None else float(f), executed_tokens=executed, hits=seen,
                           drafter_forwards=drafted.target.forwards, tree_forwards=tree_forwards,
-                          tree_tokens=tree_tokens, fallback=st.fallback)  # fmt: skip
+                          tree_tokens=tree_tokens, fallback=st.fallback, vision_ms=lat.get("vision", math.nan),
+                          retrieval_ms=lat.get("retrieval", math.nan), drafter_ms=ms["drafter"],
+                          tree_ms=ms.get("tree", math.nan))  # fmt: skip

@@ -51,6 +51,7 @@ def test_a_record_holds_what_a_replay_of_any_point_reads(vla, drafter, demo_stor
     for i, r in enumerate(records):
         assert len(r.hits) == DecoderConfig().retrieval.top_k and r.fallback == ""
         assert 1 <= r.drafter_forwards <= 7 and 1 <= r.tree_forwards <= 7 and len(r.tree_tokens) == 7
+        assert min(r.vision_ms, r.retrieval_ms, r.drafter_ms, r.tree_ms) > 0
         for h in r.hits:
             # similarity to the live feature of each earlier executed step, newest first
             assert len(h.similarity) == min(i, LIVE_LAGS)

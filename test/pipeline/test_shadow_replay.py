@@ -65,3 +65,46 @@ def test_the_boundary_sends_steps_below_tau_to_the_drafter():
                                                            source_choice=cfg.source_choice, verify_skip=cfg.verify_skip))
     assert {s.mode for s in steps} == {"drafter"}
     assert steps[0].cost_forwards == pytest.approx(3 + 0.5 + 0.7) and steps[0].position_bins == 0.0
+
+
+# --- choosing the point from a recording --------------------------------------------------------------
+
+
+def _recording(n_episodes: int, steps: int):
+    """Episodes whose hits at similarity >= 0.99 are 4 bins from what ar executed and those below
+    (0.985) 60 bins: skips beyond the bound start below min_S 0.99. Costs: ar 40 ms a step; a skip
+    6 ms; the tree 10 ms more; the drafter 20 ms more."""
+    from heisd_ros.pipeline.shadow_point import RecordedEpisode
+
+    def hits(t):
+        close = _hit(shift=4, similarity=(0.995,) * 4)
+        far = _hit(shift=60, similarity=(0.985,) * 4)
+        return (close,) if t % 2 else (far,)
+
+    def priced(s: ShadowStep) -> ShadowStep:
+        return ShadowStep(**{**s.__dict__, "vision_ms": 5.0, "retrieval_ms": 1.0, "drafter_ms": 20.0, "tree_ms": 10.0})
+
+    return [RecordedEpisode("pick", [priced(s) for s in _steps(steps, hits=hits)], [40.0] * steps)
+            for _ in range(n_episodes)]
+
+
+def test_the_rule_chooses_the_fastest_point_whose_skip_steps_stay_in_bound():
+    from heisd_ros.pipeline.shadow_point import ShadowRule, choose
+
+    label, point, figures = choose(_point(), _recording(10, 60), ShadowRule(min_episodes=10, min_steps=500))
+    assert point.verify_skip.min_similarity == 0.99 and figures[label]["skip_position_p95_bins"] <= 30
+    # below 0.985 the 60-bin hits get through, unless the distance-to-verified check stops them
+    loose = [f for lab, f in figures.items() if lab == "base" or
+             (lab.startswith(("min_S=0.95", "min_S=0.98")) and lab.endswith("from_verified=0"))]
+    assert loose and not any(f["eligible"] for f in loose)
+    assert figures["min_S=0.95 N_max=3 from_verified=20"]["eligible"]
+    assert all("position p95" in f["why_refused"][0] for f in loose)
+    assert figures[label]["expected_speedup"] > figures["no_skip"]["expected_speedup"] > 1.0
+
+
+def test_a_recording_too_short_for_the_rule_is_refused_with_the_reason():
+    from heisd_ros.core.config import ConfigError
+    from heisd_ros.pipeline.shadow_point import ShadowRule, choose
+
+    with pytest.raises(ConfigError, match="3 episodes and 90 steps; the rule needs at least 10 episodes"):
+        choose(_point(), _recording(3, 30), ShadowRule())
