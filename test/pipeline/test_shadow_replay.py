@@ -71,13 +71,13 @@ def test_the_boundary_sends_steps_below_tau_to_the_drafter():
 
 
 def _recording(n_episodes: int, steps: int):
-    """Episodes whose hits at similarity >= 0.99 are 4 bins from what ar executed and those below
+    """Episodes whose hits at similarity 0.992 are 4 bins from what ar executed and those below
     (0.985) 60 bins: skips beyond the bound start below min_S 0.99. Costs: ar 40 ms a step; a skip
     6 ms; the tree 10 ms more; the drafter 20 ms more."""
     from heisd_ros.pipeline.shadow_point import RecordedEpisode
 
     def hits(t):
-        close = _hit(shift=4, similarity=(0.995,) * 4)
+        close = _hit(shift=4, similarity=(0.992,) * 4)
         far = _hit(shift=60, similarity=(0.985,) * 4)
         return (close,) if t % 2 else (far,)
 
@@ -93,6 +93,7 @@ def test_the_rule_chooses_the_fastest_point_whose_skip_steps_stay_in_bound():
 
     label, point, figures = choose(_point(), _recording(10, 60), ShadowRule(min_episodes=10, min_steps=500))
     assert point.verify_skip.min_similarity == 0.99 and figures[label]["skip_position_p95_bins"] <= 30
+    assert point.verify_skip.max_consecutive_skips == 1  # skips never run on here: the tie goes to the stricter N_max
     # below 0.985 the 60-bin hits get through, unless the distance-to-verified check stops them
     loose = [f for lab, f in figures.items() if lab == "base" or
              (lab.startswith(("min_S=0.95", "min_S=0.98")) and lab.endswith("from_verified=0"))]
