@@ -1,0 +1,63 @@
+"""Shadow records through a rosbag2 recording: written as the node publishes them, read back as episodes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from heisd_ros.core.errors import BagError
+from heisd_ros.core.shadow import ShadowHit, ShadowStep
+from heisd_ros.pipeline.bags import BagWriter, header
+from heisd_ros.pipeline.shadow_bags import MSGTYPE, read_shadow_bags, shadow_fields
+
+TOPIC = "/policy_node/shadow"
+ARRAYS = {"executed_tokens": np.uint32, "hit_tokens": np.uint32, "hit_scores": np.float32,
+          "hit_distance_m": np.float32, "hit_similarity": np.float32, "hit_gripper_switch_in": np.uint8,
+          "tree_tokens": np.uint32}  # fmt: skip
+
+
+def _record(t: int) -> ShadowStep:
+    hits = tuple(ShadowHit(score=0.9 - 0.1 * k, tokens=(100 + k, 101, 102, 128, 128, 128, 255), distance_m=0.01 * k,
+                           similarity=tuple(0.99 - 0.01 * j for j in range(min(t, 4))), gripper_switch_in=k)
+                 for k in range(3))  # fmt: skip
+    return ShadowStep(fused_metric=math.nan if t < 2 else 0.5, executed_tokens=(100, 101, 102, 128, 128, 128, 255),
+                      hits=hits, drafter_forwards=3, tree_forwards=1, tree_tokens=hits[0].tokens, vision_ms=5.0,
+                      retrieval_ms=0.5, drafter_ms=20.0, tree_ms=9.0)  # fmt: skip
+
+
+def _write(path, episodes: dict[int, list[ShadowStep]], mangle=None) -> None:
+    with BagWriter(path) as bag:
+        bag.add(TOPIC, MSGTYPE)
+        cls = bag.ts.types[MSGTYPE]
+        t_ns = 1_000_000_000
+        for episode, records in episodes.items():
+            for i, r in enumerate(records):
+                fields = shadow_fields(r, step_id=i + 1, episode=episode, instruction="pick", executed_ms=40.0)
+                if mangle:
+                    mangle(fields)
+                fields = {k: np.asarray(v, dtype=ARRAYS[k]) if k in ARRAYS else v for k, v in fields.items()}
+                bag.write(TOPIC, t_ns, cls(header=header(t_ns, "base_link"), **fields))
+                t_ns += 100_000_000
+
+
+def test_records_survive_the_bag_grouped_by_episode(tmp_path):
+    episodes = {1: [_record(t) for t in range(5)], 2: [_record(t) for t in range(3)]}
+    _write(tmp_path / "shadow", episodes)
+    (first, second) = read_shadow_bags([tmp_path / "shadow"])
+    assert [len(first.steps), len(second.steps)] == [5, 3] and first.instruction == "pick"
+    assert first.executed_ms == [40.0] * 5
+    for got, want in zip(first.steps, episodes[1]):
+        assert got.executed_tokens == want.executed_tokens and got.tree_tokens == want.tree_tokens
+        assert math.isnan(got.fused_metric) == math.isnan(want.fused_metric)
+        for g, w in zip(got.hits, want.hits):
+            assert g.tokens == w.tokens and g.gripper_switch_in == w.gripper_switch_in
+            assert g.similarity == pytest.approx(w.similarity, abs=1e-6)  # float32 on the wire; padding dropped
+        assert (got.drafter_forwards, got.tree_forwards, got.tree_ms) == (3, 1, 9.0)
+
+
+def test_a_malformed_record_fails_the_read_with_the_reason(tmp_path):
+    _write(tmp_path / "bad", {1: [_record(3)]}, mangle=lambda f: f.update(hit_scores=f["hit_scores"][:1]))
+    with pytest.raises(BagError, match="inconsistent lengths for top_k 3"):
+        read_shadow_bags([tmp_path / "bad"])
