@@ -1,9 +1,17 @@
-"""`heisd choose-point`: pick the operating point from a closed-loop calibration run, by a fixed rule.
+"""`heisd choose-point`: pick the operating point by a fixed rule, from shadow recordings of your own
+arm or from a closed-loop LIBERO calibration run.
 
 Usage:
+    heisd choose-point --shadow BAG [BAG ...] --calibration my_calibration.json --out my_point.json \
+        [--max-position-p95-bins 30] [--max-gripper-disagreement 0.005] [--min-episodes 10] [--min-steps 500]
     heisd choose-point --run artifacts/calib_run/report.json --calibration artifacts/calibration_fitted.json \
         --out artifacts/calibration.json [--max-success-drop 5] [--max-gripper-disagreement 0.005] \
         [--max-position-p95-bins 30] [--min-episodes 50]
+
+With --shadow: the node ran its own method (ar) with `shadow.method: heisd` and `ros2 bag record`
+kept its ~/shadow topic; the calibration file's point and its variations are replayed over every
+recorded episode and chosen by heisd_ros/pipeline/shadow_point.py's rule (skip steps within their
+bounds against what was executed; the highest expected speed-up). What follows is the LIBERO path.
 
 The run is an `heisd-libero eval-libero --purpose calibration --shadow-ar` report (init states held out
 from both the demonstrations and the evaluation) with `ar`, and `heisd` and/or heisd variants as the
@@ -41,6 +49,7 @@ from heisd_ros.pipeline.calibration import POINT_SCALARS, POINT_SECTIONS, apply_
 from heisd_ros.pipeline.libero_runs import LOSSY_CLASSES, class_figures
 from heisd_ros.pipeline.method_variants import MethodVariant, parse_variants
 from heisd_ros.pipeline.outputs import file_digest
+from heisd_ros.pipeline.shadow_point import ShadowRule
 
 SECTIONS = (*POINT_SECTIONS, *POINT_SCALARS)
 """What an operating-point file holds, hence what a candidate may change."""
@@ -177,10 +186,45 @@ def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) ->
     return chosen
 
 
+def run_shadow(bags: list[str], calibration_path: str, out_path: str, rule) -> dict[str, Any]:
+    """The point from shadow recordings of the user's own arm (heisd_ros/pipeline/shadow_point.py):
+    the calibration file's point and its variations replayed over the recorded episodes."""
+    from heisd_ros.pipeline.shadow_bags import read_shadow_bags
+    from heisd_ros.pipeline.shadow_point import choose as choose_from_shadow
+
+    calibration = read_json(calibration_path, ConfigError)
+    base = apply_point(DecoderConfig(method="heisd"), calibration)
+    episodes = read_shadow_bags(bags)
+    label, point, figures = choose_from_shadow(base, episodes, rule)
+    chosen = complete_point({"meta": copy.deepcopy(calibration.get("meta", {}))}, point)
+    chosen["chosen_from"] = {"kind": "shadow_recordings", "bags": [str(b) for b in bags],
+                             "bag_digests": [file_digest(str(b)) for b in bags], "candidate": label,
+                             "calibration_digest": file_digest(calibration_path)}  # fmt: skip
+    chosen.setdefault("meta", {})["chosen_point"] = {
+        "chosen": label, "bounds": asdict(rule), "episodes": len(episodes),
+        "steps": sum(len(e.steps) for e in episodes), "candidates": figures, "from_calibration": str(calibration_path),
+    }  # fmt: skip
+    save_calibration(chosen, out_path)
+    return chosen
+
+
+def _print_shadow(chosen: dict[str, Any], out: str) -> None:
+    info = chosen["meta"]["chosen_point"]
+    print(f"{info['episodes']} shadow episodes, {info['steps']} steps")
+    for label, f in info["candidates"].items():
+        print(f"{label:>36}: expected {f['expected_speedup']:.2f}x ar, skips {f['skip_share']:.0%}, skip steps "
+              f"p95 {f['skip_position_p95_bins']:.1f} bins, gripper {f['skip_gripper_disagreement']:.2%}"
+              + ("" if f["eligible"] else f" (not eligible: {', '.join(f['why_refused'])})"))
+    print(f"chose {info['chosen']}; wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="heisd choose-point", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--run", required=True, help="eval-libero report (.json) of a --purpose calibration run")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", help="eval-libero report (.json) of a --purpose calibration run")
+    source.add_argument("--shadow", nargs="+", metavar="BAG",
+                        help="rosbag2 recordings of the node's ~/shadow (shadow.method heisd) on your own arm")
     p.add_argument("--calibration", required=True, help="the calibration file that run used")
     p.add_argument("--out", required=True, help="calibration file to write")
     d = PointRule()
@@ -190,8 +234,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="share of a candidate's skip steps whose gripper token may differ from greedy ar's")
     p.add_argument("--max-position-p95-bins", type=float, default=d.max_position_p95_bins,
                    help="bound on the p95 over skip steps of a step's position-group |delta bin| against greedy ar")
-    p.add_argument("--min-episodes", type=int, default=d.min_episodes, help="episodes a candidate must have run")
+    p.add_argument("--min-episodes", type=int, default=None,
+                   help=f"episodes a candidate must have run (default {d.min_episodes}; with --shadow, recorded: "
+                        f"{ShadowRule().min_episodes})")
+    p.add_argument("--min-steps", type=int, default=ShadowRule().min_steps, help="--shadow: steps the recording must hold")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.shadow:
+        try:
+            rule = ShadowRule(args.max_position_p95_bins, args.max_gripper_disagreement,
+                              args.min_episodes if args.min_episodes is not None else ShadowRule().min_episodes,
+                              args.min_steps)  # fmt: skip
+            _print_shadow(run_shadow(args.shadow, args.calibration, args.out, rule), args.out)
+        except (HeisdError, OSError, json.JSONDecodeError, KeyError) as err:
+            print(f"heisd choose-point: {type(err).__name__}: {err}", file=sys.stderr)
+            return 2
+        return 0
+    if args.min_episodes is None:
+        args.min_episodes = d.min_episodes
     try:
         rule = PointRule(args.max_success_drop, args.max_gripper_disagreement, args.max_position_p95_bins,
                          args.min_episodes)

@@ -61,3 +61,25 @@ def test_a_malformed_record_fails_the_read_with_the_reason(tmp_path):
     _write(tmp_path / "bad", {1: [_record(3)]}, mangle=lambda f: f.update(hit_scores=f["hit_scores"][:1]))
     with pytest.raises(BagError, match="inconsistent lengths for top_k 3"):
         read_shadow_bags([tmp_path / "bad"])
+
+
+def test_choose_point_writes_the_point_chosen_from_shadow_recordings(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from heisd_ros.tools import choose_point
+
+    calibration = Path(__file__).resolve().parents[2] / "models" / "mini_libero" / "calibration.json"
+    _write(tmp_path / "shadow", {e: [_record(t) for t in range(8)] for e in range(3)})
+    out = tmp_path / "point.json"
+    argv = ["--shadow", str(tmp_path / "shadow"), "--calibration", str(calibration), "--out", str(out)]
+    assert choose_point.main(argv + ["--min-episodes", "3", "--min-steps", "24"]) == 0
+    point = json.loads(out.read_text())
+    assert point["chosen_from"]["kind"] == "shadow_recordings" and len(point["chosen_from"]["bag_digests"]) == 1
+    chosen = point["meta"]["chosen_point"]
+    assert chosen["episodes"] == 3 and chosen["steps"] == 24 and chosen["chosen"] in chosen["candidates"]
+    assert "expected" in capsys.readouterr().out
+    # the default rule needs more than three short episodes: refused with the reason, nothing written
+    out.unlink()
+    assert choose_point.main(argv) == 2 and not out.exists()
+    assert "the rule needs at least 10 episodes" in capsys.readouterr().err
