@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from heisd_libero.eval_evidence import contended
+from heisd_libero.shadow_recorder import ShadowRecorder
 from heisd_ros.pipeline.libero_runs import published_paths
 from heisd_ros.pipeline.outputs import git_revision
 from heisd_ros.ros.node_main import stop_process
@@ -36,12 +37,14 @@ SIM_PARAMS = str(Path(__file__).resolve().parent / "config" / "sim_policy.yaml")
 """The policy node's simulator settings (sim time, commanding on), as sim.launch.py applies them."""
 
 
-def start_node(method: str, db_path: str, control_rate_hz: float, log_dir: str, domain_id: int) -> subprocess.Popen:
-    """A `policy_node` process running the shipped mini policy with `method`, in simulation time."""
+def start_node(method: str, db_path: str, control_rate_hz: float, log_dir: str, domain_id: int,
+               **params: Any) -> subprocess.Popen:  # fmt: skip
+    """A `policy_node` process running the shipped mini policy with `method`, in simulation time;
+    `params` set more of its parameters (e.g. calibration_path, shadow.method)."""
     paths = published_paths()
     params = {"model_dir": paths["model_dir"], "drafter_dir": paths["drafter_dir"],
               "calibration_path": paths["calibration_path"], "db_path": db_path, "decoder.method": method,
-              "control_rate_hz": float(control_rate_hz)}  # fmt: skip
+              "control_rate_hz": float(control_rate_hz), **params}  # fmt: skip
     cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", "config/policy.yaml", "--params-file", SIM_PARAMS]
     for k, v in params.items():
         cmd += ["-p", f"{k}:={v}"]
@@ -102,7 +105,13 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
     rclpy.init(context=ctx, domain_id=args.domain_id)
     try:
         for method in args.methods.split(","):
-            proc = start_node(method, args.db_path, args.control_rate_hz, args.log_dir, args.domain_id)
+            params = {"calibration_path": args.point} if args.point else {}
+            recorder = None
+            if args.shadow_bags and method != "heisd":
+                # every step shadowed in lockstep (the arm waits); in arm time only where the period has room
+                params.update({"shadow.method": "heisd", "shadow.when": "always" if args.time_mode == "lockstep" else "slack"})
+                recorder = ShadowRecorder(Path(args.shadow_bags) / method, ctx)
+            proc = start_node(method, args.db_path, args.control_rate_hz, args.log_dir, args.domain_id, **params)
             episodes = []
             try:
                 for task in parse_range(args.tasks):
@@ -131,7 +140,10 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
                         env.close()
             finally:
                 code = stop_process(proc)
-            report["methods"][method] = {"summary": summary(episodes), "node_exit_code": code, "episodes": episodes}
+                if recorder is not None:
+                    recorder.close()
+            report["methods"][method] = {"summary": summary(episodes), "node_exit_code": code, "episodes": episodes,
+                                         **({"shadow_records": recorder.records} if recorder else {})}  # fmt: skip
     finally:
         rclpy.shutdown(context=ctx)
     return report
@@ -151,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--db-path", default="artifacts/mini_libero_db/libero_object_task0",
                    help="the database of the tasks run (the demo's holds task 0 only)")
+    p.add_argument("--point", default="", metavar="FILE",
+                   help="the operating-point file the node runs (default: the shipped mini policy's)")
+    p.add_argument("--shadow-bags", default="", metavar="DIR",
+                   help="shadow mode: methods other than heisd run with shadow.method heisd, records to DIR/<method>")
     p.add_argument("--domain-id", type=int, default=DOMAIN_ID)
     p.add_argument("--log-dir", default="artifacts/sim_episodes")
     p.add_argument("--out", default="artifacts/sim_episodes/report.json")

@@ -16,10 +16,11 @@ from typing import Any, NamedTuple, TypeVar
 
 from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.engine import NEEDS_DRAFTER, HybridDecoder
+from heisd_ros.core.shadow import ShadowDecoder
 
 Key = TypeVar("Key", bound=Hashable)
 
-__all__ = ["PolicyParts", "assemble_decoders"]
+__all__ = ["PolicyParts", "assemble_decoders", "assemble_shadow"]
 
 
 class PolicyParts(NamedTuple):
@@ -46,3 +47,9 @@ def assemble_decoders(parts: PolicyParts, configs: Mapping[Key, DecoderConfig],
                                drafter=parts.drafter if cfg.method in NEEDS_DRAFTER else None,
                                state_prior=parts.state_prior)
             for key, cfg in configs.items()}
+
+
+def assemble_shadow(parts: PolicyParts, cfg: DecoderConfig) -> ShadowDecoder:
+    """The shadow decoder (heisd at `cfg`, never executing) over the same parts as the decoder it
+    shadows: the VLA, state prior, drafter and database are shared, nothing is loaded twice."""
+    return ShadowDecoder(parts.vla, cfg, store=parts.store, drafter=parts.drafter, state_prior=parts.state_prior)

@@ -96,6 +96,15 @@ class ShadowDecoder(HybridDecoder):
         super().reset(instruction)
         self.lives = deque(maxlen=LIVE_LAGS)
 
+    def pass_over(self, obs: Observation, executed_live: np.ndarray | None) -> None:
+        """A step executed but not shadowed (no time for it): the window and the live features still
+        follow the executed trajectory, so the next record reads what heisd would have read."""
+        if obs.instruction != self.instruction:
+            self.reset(obs.instruction)
+        self.metric.push(np.asarray(obs.ee_pos, dtype=np.float64))
+        if executed_live is not None:
+            self.lives.appendleft(np.asarray(executed_live, dtype=np.float32))
+
     def shadow(self, obs: Observation, executed_tokens, executed_live: np.ndarray | None) -> ShadowStep:
         """What heisd reads on `obs`, given what the executing method did on it (its tokens and the
         live feature its verified step produced)."""

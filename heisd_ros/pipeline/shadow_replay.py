@@ -1,6 +1,6 @@
 """heisd at a candidate operating point, replayed over shadow records of steps another method executed.
 
-`replay_episode(records, cfg)` walks one episode's `ShadowStep`s (heisd_ros/core/shadow.py) in
+`PointReplay(cfg).step(record)` (and `replay_episode(records, cfg)` over a whole episode) walks one episode's `ShadowStep`s (heisd_ros/core/shadow.py) in
 order and makes heisd's decisions at `cfg` as the decoder makes them, with the decisions that
 depend on the sequence carried along: the kinematic boundary and the source costs
 (`SourceChoice`, fed the replayed steps' costs in LLM forwards), the consecutive-skip counter,
@@ -56,21 +56,25 @@ def _spread(hit: ShadowHit, hits: Sequence[ShadowHit]) -> float:
     return float(np.median(others)) if others else math.nan
 
 
-def replay_episode(records: Sequence[ShadowStep], cfg: DecoderConfig) -> list[ReplayedStep]:
-    """heisd's decisions at `cfg` over one episode's records, in order."""
-    vs = cfg.verify_skip
-    choice = SourceChoice(cfg.source_choice)
-    skips_in_a_row = 0
-    last_verified: tuple[int, ...] | None = None
-    last_gripper: int | None = None
-    out: list[ReplayedStep] = []
-    for r in records:
+class PointReplay:
+    """heisd's decisions at `cfg`, one recorded step at a time, with the sequence carried along (the
+    node's shadow summary applies it as records are made; `replay_episode` over a whole episode)."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        self.cfg = cfg
+        self._choice = SourceChoice(cfg.source_choice)
+        self._skips_in_a_row = 0
+        self._last_verified: tuple[int, ...] | None = None
+        self._last_gripper: int | None = None
+
+    def step(self, r: ShadowStep) -> ReplayedStep:
+        cfg, vs = self.cfg, self.cfg.verify_skip
         f = None if math.isnan(r.fused_metric) else r.fused_metric
         mode, tokens, forwards, verdict = "drafter", r.executed_tokens, r.drafter_forwards, ""
-        if choice.decide(f, cfg.fused_metric.tau).retrieval and r.hits:
+        if self._choice.decide(f, cfg.fused_metric.tau).retrieval and r.hits:
             mode, tokens, forwards = "retrieval", r.tree_tokens, r.tree_forwards
             for i, hit in enumerate(r.hits):
-                reason = _verdict(vs, hit, r.hits, skips_in_a_row, last_verified, last_gripper)
+                reason = _verdict(vs, hit, r.hits, self._skips_in_a_row, self._last_verified, self._last_gripper)
                 if i == 0 or reason == REASON_SKIP:
                     verdict = reason
                 if reason == REASON_SKIP:
@@ -78,17 +82,22 @@ def replay_episode(records: Sequence[ShadowStep], cfg: DecoderConfig) -> list[Re
                     break
         st = StepStats(mode=mode, method="heisd", skipped=mode == "skip", llm_forwards=forwards)
         st.tokens = tuple(tokens)
-        choice.record(st)
-        out.append(ReplayedStep(mode=mode, cost_forwards=choice.step_cost(st),
-                                position_bins=position_bins(tokens, r.executed_tokens),
-                                gripper_differs=tokens[GRIPPER_INDEX] != r.executed_tokens[GRIPPER_INDEX],
-                                skip_check=verdict))  # fmt: skip
+        self._choice.record(st)
         if mode == "skip":
-            skips_in_a_row += 1
+            self._skips_in_a_row += 1
         else:
-            skips_in_a_row, last_verified = 0, tuple(tokens)
-        last_gripper = int(tokens[GRIPPER_INDEX])
-    return out
+            self._skips_in_a_row, self._last_verified = 0, tuple(tokens)
+        self._last_gripper = int(tokens[GRIPPER_INDEX])
+        return ReplayedStep(mode=mode, cost_forwards=self._choice.step_cost(st),
+                            position_bins=position_bins(tokens, r.executed_tokens),
+                            gripper_differs=tokens[GRIPPER_INDEX] != r.executed_tokens[GRIPPER_INDEX],
+                            skip_check=verdict)  # fmt: skip
+
+
+def replay_episode(records: Sequence[ShadowStep], cfg: DecoderConfig) -> list[ReplayedStep]:
+    """heisd's decisions at `cfg` over one episode's records, in order."""
+    replay = PointReplay(cfg)
+    return [replay.step(r) for r in records]
 
 
 def _verdict(vs, hit: ShadowHit, hits: Sequence[ShadowHit], skips_in_a_row: int,

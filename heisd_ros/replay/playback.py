@@ -29,6 +29,7 @@ from heisd_ros.replay.bag_stream import (
 OUTPUT_TYPES = {
     "arm_command": bags.ARM_COMMAND,
     "decode_stats": bags.DECODE_STATS,
+    "shadow_steps": "heisd_ros/msg/ShadowStep",
     "delta_twist_cmds": "geometry_msgs/msg/TwistStamped",
     "target_pose": "geometry_msgs/msg/PoseStamped",
     "gripper_trajectory": "trajectory_msgs/msg/JointTrajectory",

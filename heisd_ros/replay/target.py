@@ -21,6 +21,7 @@ from heisd_ros.pipeline import bags
 from heisd_ros.replay.bag_stream import RoutePlan, stream_segments
 from heisd_ros.replay.playback import OUTPUT_TYPES
 from heisd_ros.ros import topics
+from heisd_ros.ros.shadow import LoadedPolicy
 from heisd_ros.ros.params import (
     REMOVED_PARAMETERS,
     PolicyNodeConfig,
@@ -228,19 +229,21 @@ def warm_up(decoder: Decoder, cfg: PolicyNodeConfig, steps: list[StepInputs]) ->
 
 def warmed(factory: Callable[[PolicyNodeConfig], Any], steps: list[StepInputs],
            say: Callable[[str], None]) -> Callable[[PolicyNodeConfig], Any]:  # fmt: skip
-    """`factory` whose decoder is warmed up on the bag's first steps before the node starts."""
+    """`factory` whose decoder is warmed up on the bag's first steps before the node starts (the
+    factory may return a decoder or a LoadedPolicy: its executing decoder is warmed)."""
 
     def build(cfg: PolicyNodeConfig) -> Any:
-        decoder = factory(cfg)
+        loaded = factory(cfg)
+        decoder = loaded.decoder if isinstance(loaded, LoadedPolicy) else loaded
         if not steps:
-            return decoder
+            return loaded
         t0 = time.monotonic()
         try:
             warm_up(decoder, cfg, steps)
         except (HeisdError, ValueError, KeyError) as err:
             say(f"warm-up skipped ({type(err).__name__}: {err}); the first steps include it")
-            return decoder
+            return loaded
         say(f"warm-up: the bag's first {len(steps)} step(s) decoded unmeasured in {time.monotonic() - t0:.1f} s")
-        return decoder
+        return loaded
 
     return build

@@ -36,6 +36,8 @@ class NodeState:
     """Control ticks whose inputs formed no set, by kind (sync.REFUSAL_KINDS), since configure."""
     commanding: str = ""
     """The command gate: 'inactive', 'commanding' or 'dry run (command_enabled false)'."""
+    shadow: Mapping[str, str] = field(default_factory=dict)
+    """Shadow mode's values (ros.shadow.ShadowRunner.diagnostics); empty when it is off."""
 
 
 def horizon_s(cfg: PolicyNodeConfig) -> float:
@@ -94,7 +96,7 @@ def _values(cfg: PolicyNodeConfig, snap: StatusSnapshot, state: NodeState) -> di
             "verify_skip_max_distance_m_running": f"{state.skip_thresholds[1]:.4f}"} if state.skip_thresholds else {}),
         "mode_mix": _pairs(snap.modes), "rejected": _pairs(snap.rejected), "last_error": snap.last_error,
         "last_error_age_s": f"{snap.last_error_age_s:.1f}" if snap.last_error else "",
-        "database_healthy": str(health_ok), "database_status": health_text,
+        "database_healthy": str(health_ok), "database_status": health_text, **state.shadow,
     }  # fmt: skip
 
 

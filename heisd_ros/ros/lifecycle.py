@@ -27,11 +27,13 @@ from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallba
 
 from heisd_ros.core.errors import HeisdError, ModelLoadError
 from heisd_ros.core.model_api import Decoder
+from heisd_ros.core.shadow import ShadowDecoder
 from heisd_ros.core.types import Observation
 from heisd_ros.ros.input_limits import model_input
 from heisd_ros.ros.lifecycle_services import ERROR as ERROR_OUTCOME
 from heisd_ros.ros.lifecycle_services import FAILURE, SUCCESS
 from heisd_ros.ros.params import PolicyNodeConfig
+from heisd_ros.ros.shadow import LoadedPolicy, shadow_decoder_config
 from heisd_ros.ros.worker import describe
 
 OUTCOMES = {TransitionCallbackReturn.SUCCESS.value: SUCCESS, TransitionCallbackReturn.FAILURE.value: FAILURE}
@@ -63,15 +65,35 @@ def policy_paths(cfg: PolicyNodeConfig):
 def load_decoder(cfg: PolicyNodeConfig) -> Decoder:
     """The HybridDecoder of a resolved configuration (heisd_ros.ros.decoder_params.resolve), read only from the
     directories the parameters name."""
-    from pathlib import Path
-
     from heisd_ros.policy import build_policy
 
+    _check_model_dir(cfg)
+    return build_policy(policy_paths(cfg), cfg.decoder, cfg.store, torch_threads=cfg.node.torch_threads)
+
+
+def load_node_policy(cfg: PolicyNodeConfig) -> LoadedPolicy:
+    """What configure loads (the node's default factory): `load_decoder`'s decoder and, in shadow mode
+    (`shadow.method`), its shadow over the same model, drafter and database."""
+    from heisd_ros.assembly import assemble_decoders, assemble_shadow
+    from heisd_ros.policy import load_parts, resolve_decoder_config, set_torch_threads
+
     n = cfg.node
-    if not Path(n.model_dir).is_dir():
-        raise ModelLoadError(f"model_dir {n.model_dir!r} is not a directory: the node loads the policy's "
+    if not n.shadow.method:
+        return LoadedPolicy(load_decoder(cfg))
+    _check_model_dir(cfg)
+    set_torch_threads(n.torch_threads)
+    paths = policy_paths(cfg)
+    shadow_cfg = resolve_decoder_config(shadow_decoder_config(cfg.decoder, n.shadow), paths, cfg.store)
+    parts = load_parts(paths, cfg.decoder, [cfg.decoder.method, shadow_cfg.method], cfg.store)
+    return LoadedPolicy(assemble_decoders(parts, {"run": cfg.decoder})["run"], assemble_shadow(parts, shadow_cfg))
+
+
+def _check_model_dir(cfg: PolicyNodeConfig) -> None:
+    from pathlib import Path
+
+    if not Path(cfg.node.model_dir).is_dir():
+        raise ModelLoadError(f"model_dir {cfg.node.model_dir!r} is not a directory: the node loads the policy's "
                              "checkpoint directory it is given")  # fmt: skip
-    return build_policy(policy_paths(cfg), cfg.decoder, cfg.store, torch_threads=n.torch_threads)
 
 
 def _warmup_instruction(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
@@ -96,11 +118,12 @@ def warmup_observations(decoder: Decoder, cfg: PolicyNodeConfig, steps: int) -> 
             for k in range(steps)]  # fmt: skip
 
 
-def warm_up(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
-    """Decode `warmup_steps` synthetic steps, then reset the decoder: its episode state (trajectory
-    window, verify-skip run, the source choice's measured step costs) is cleared, so the warm-up never
-    biases the first episode (a cold retrieval measured against a warm drafter would keep heisd on
-    the drafter). Returns a summary for the log; raises the decoder's HeisdError."""
+def warm_up(decoder: Decoder, cfg: PolicyNodeConfig, shadow: ShadowDecoder | None = None) -> str:
+    """Decode `warmup_steps` synthetic steps (each shadowed too, in shadow mode), then reset the
+    decoder: its episode state (trajectory window, verify-skip run, the source choice's measured step
+    costs) is cleared, so the warm-up never biases the first episode (a cold retrieval measured
+    against a warm drafter would keep heisd on the drafter). Returns a summary for the log; raises
+    the decoder's HeisdError."""
     decoder.prepare_vision()  # the backbone's graphs, whatever the steps below reach
     steps = cfg.node.warmup_steps
     if steps <= 0:
@@ -117,8 +140,12 @@ def warm_up(decoder: Decoder, cfg: PolicyNodeConfig) -> str:
             _, stats = decoder.step(obs)
             step_ms.append((time.monotonic() - t) * 1e3)
             modes.append(str(getattr(stats, "mode", "")))
+            if shadow is not None:
+                shadow.shadow(obs, stats.tokens, decoder.f_live)
     finally:
         decoder.reset(None)
+        if shadow is not None:
+            shadow.reset(None)
     total_s = time.monotonic() - t0
     return (f"warm-up: {steps} steps in {total_s:.2f} s (first {step_ms[0]:.0f} ms, last {step_ms[-1]:.0f} ms), "
             f"modes {modes}; decoder reset")  # fmt: skip
@@ -186,10 +213,12 @@ class ManagedPolicy:
         decoder = None
         try:
             run_cfg = self._resolved()
-            decoder = self._decoder_factory(run_cfg)
-            summary = warm_up(decoder, run_cfg)
+            loaded = self._decoder_factory(run_cfg)
+            loaded = loaded if isinstance(loaded, LoadedPolicy) else LoadedPolicy(loaded)
+            decoder = loaded.decoder
+            summary = warm_up(decoder, run_cfg, loaded.shadow)
             self._run_with(run_cfg, log=True)
-            self._open_session(decoder)
+            self._open_session(decoder, loaded.shadow)
         except HeisdError as err:
             return self._configure_failed(f"{type(err).__name__}: {err}", decoder, err, TransitionCallbackReturn.FAILURE)
         except Exception as err:  # noqa: BLE001 - rclpy would turn it into ERROR without the reason

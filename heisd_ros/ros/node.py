@@ -47,12 +47,13 @@ from std_srvs.srv import SetBool
 from heisd_ros.core.errors import HeisdError, InvalidObservationError
 from heisd_ros.core.gripper import finger_gap
 from heisd_ros.core.model_api import Decoder
+from heisd_ros.core.shadow import ShadowDecoder
 from heisd_ros.ros import conversions as conv
 from heisd_ros.ros import topics
 from heisd_ros.ros.diagnostics import NodeState, diagnostics_message, horizon_s
 from heisd_ros.ros import decoder_params
 from heisd_ros.ros.input_limits import check_instruction, model_input
-from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder
+from heisd_ros.ros.lifecycle import ManagedPolicy, close_decoder, load_decoder, load_node_policy
 from heisd_ros.ros.lifecycle_services import LifecycleInterface, LifecycleStates
 from heisd_ros.ros.log_bridge import GuardedLogger, RosLogBridge
 from heisd_ros.ros.node_main import run
@@ -66,6 +67,7 @@ from heisd_ros.ros.params import (
 from heisd_ros.ros.param_services import ParameterServices
 from heisd_ros.ros.qos import EVENT_QOS, LATCHED_QOS, SENSOR_QOS, instruction_qos, request_qos
 from heisd_ros.ros.session import Session
+from heisd_ros.ros.shadow import LoadedPolicy, ShadowRunner
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
 from heisd_ros.ros.step import Job, StepRunner
 from heisd_ros.ros.sync import ApproxTimeSync, SyncConfig
@@ -83,13 +85,14 @@ def _sync_config(cfg: PolicyNodeConfig) -> SyncConfig:
 class PolicyNode(ManagedPolicy, LifecycleNode):
     """ROS 2 wrapper of the HybridDecoder (see the module docstring).
 
-    decoder_factory: PolicyNodeConfig -> decoder (reset/step/episode_feedback/health), called at
-    configure; the default loads the configured model (`lifecycle.load_decoder`). Raises ConfigError
+    decoder_factory: PolicyNodeConfig -> decoder (reset/step/episode_feedback/health), or a
+    `LoadedPolicy` (the decoder and, in shadow mode, its shadow), called at configure; the default
+    loads the configured model (`lifecycle.load_node_policy`). Raises ConfigError
     for invalid parameters and, with autostart, the configure failure (ModelLoadError,
     DatabaseError...), with the reason.
     """
 
-    def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Decoder] | None = None,
+    def __init__(self, decoder_factory: Callable[[PolicyNodeConfig], Decoder | LoadedPolicy] | None = None,
                  node_name: str = "policy_node", autostart_in_background: bool = False,
                  **node_kwargs: Any) -> None:  # fmt: skip
         # parameter and lifecycle services of our own, which answer requests rclpy's leave unanswered
@@ -114,7 +117,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
                 self._run_with(self._resolved(), log=False)
             except HeisdError:
                 self._run_with(self.cfg, log=False)
-            self._decoder_factory = decoder_factory or load_decoder
+            self._decoder_factory = decoder_factory or load_node_policy
             self._inputs_lock = threading.Lock()
             self._status = NodeStatus(self._guarded_log, lambda: self.cfg.node.warn_throttle_s)
             self._task = TaskControl(self, lambda: self.cfg.node, self._now_s, self._task_problem)
@@ -140,7 +143,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         )
 
     # ------------------------------------------------------------------ configure's resources
-    def _open_session(self, decoder: Decoder) -> None:
+    def _open_session(self, decoder: Decoder, shadow: ShadowDecoder | None = None) -> None:
         """Everything configure creates around the loaded decoder, as the node's Session; on a
         failure part way, what was made is released (the decoder too) and the error raised."""
         n = self.cfg.node
@@ -151,10 +154,13 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             session.diagnostics_pub = self.create_publisher(DiagnosticArray, "/diagnostics", EVENT_QOS)
             session.publishers = [p for p in self.publishers if all(p is not b for b in before)]
             session.subscriptions = self._subscribe(session)
+            if shadow is not None:
+                session.shadow = ShadowRunner(shadow, session.outputs.publish_shadow, n.command_frame_id, n.shadow.when)
             session.runner = StepRunner(
                 decoder, config=lambda: self.cfg, clock_s=self._now_s,
                 finger_gap=self._finger_gap_for if session.reads_gap else None, watchdog=session.watchdog,
                 outputs=session.outputs, gate=self._task, status=self._status, logger=self._guarded_log,
+                shadow=session.shadow,
             )  # fmt: skip
             session.worker = InferenceWorker(session.runner, self._status, lambda: self.cfg.node.diagnostics_period_s)
             session.worker.start()
@@ -412,7 +418,8 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
                           watchdog_trips=session.watchdog.state.trips, clock_resets=clock_resets,
                           sync_refusals=sync_refusals, skip_thresholds=_running_thresholds(session.decoder),
                           health=session.runner.health, worker_restarts=session.worker.restarts,
-                          commanding=self._task.commanding)  # fmt: skip
+                          commanding=self._task.commanding,
+                          shadow=session.shadow.diagnostics() if session.shadow is not None else {})  # fmt: skip
         msg = diagnostics_message(self.get_fully_qualified_name(), self.cfg, snap, state)
         msg.header.stamp = self.get_clock().now().to_msg()
         session.diagnostics_pub.publish(msg)

@@ -32,7 +32,7 @@ class CommandOutputs:
     """Publishers of one node's outputs; each optional topic exists only when its switch is on."""
 
     def __init__(self, node: Any, n: NodeConfig) -> None:
-        from heisd_ros.msg import ArmCommand, DecodeStats
+        from heisd_ros.msg import ArmCommand, DecodeStats, ShadowStep
 
         self._context = node.context
         self._clock = node.get_clock()
@@ -53,6 +53,9 @@ class CommandOutputs:
             self.gripper_trajectory = node.create_publisher(JointTrajectory, topics.GRIPPER_TRAJECTORY, EVENT_QOS)
         if a.publish_gripper_positions:
             self.gripper_positions = node.create_publisher(Float64MultiArray, topics.GRIPPER_POSITIONS, EVENT_QOS)
+        self.shadow_steps = None
+        if n.shadow.method:
+            self.shadow_steps = node.create_publisher(ShadowStep, topics.SHADOW_STEPS, EVENT_QOS)
 
     def publish_command(self, action: np.ndarray, stats: StepStats, stamp_s: float, step_id: int, pose: Any,
                         n: NodeConfig) -> ArmMessages:  # fmt: skip
@@ -77,6 +80,10 @@ class CommandOutputs:
     def publish_stats(self, stats: StepStats, stamp_s: float, step_id: int, n: NodeConfig) -> None:
         """Publish a decoded step's DecodeStats, stamped like its inputs."""
         self._send(self.stats, conv.to_decode_stats(stats, stamp_s, n.command_frame_id, step_id))
+
+    def publish_shadow(self, msg: Any) -> None:
+        """Publish a ShadowStep (shadow mode; ros.shadow builds it)."""
+        self._send(self.shadow_steps, msg)
 
     def close(self) -> None:
         """Publish nothing from now on (the node is shutting down)."""

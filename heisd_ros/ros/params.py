@@ -30,6 +30,7 @@ from heisd_ros.core.gripper import PANDA_FINGER_JOINTS
 from heisd_ros.core.types import ACTION_DIM
 from heisd_ros.ros.arm_outputs import ARM_OUTPUTS_DYNAMIC, ArmOutputsConfig
 from heisd_ros.ros.input_limits import InputLimits
+from heisd_ros.ros.shadow import ShadowConfig
 from heisd_ros.ros.topics import REMOVED_TOPIC_PARAMETERS
 
 REMOVED_PARAMETERS: dict[str, str] = {
@@ -140,6 +141,8 @@ class NodeConfig:
     """Bounds on instructions, camera frames and poses, checked before any work (input_limits.*)."""
     arm_outputs: ArmOutputsConfig = field(default_factory=ArmOutputsConfig)
     """Outputs for standard arm stacks (MoveIt Servo twist, pose target, gripper), each off until switched on."""
+    shadow: ShadowConfig = field(default_factory=ShadowConfig)
+    """Shadow mode: what heisd would have done on each executed step, published for heisd choose-point --shadow."""
 
     def __post_init__(self) -> None:
         require(len(self.finger_joints) == 2 and all(self.finger_joints) and len(set(self.finger_joints)) == 2,
@@ -292,14 +295,8 @@ FALLBACK_DOCS: dict[str, str] = {
 
 
 def _kind(hint: Any) -> str:
-    if hint is bool:
-        return "bool"
-    if hint is int:
-        return "int"
-    if hint is float:
-        return "float"
-    if hint is str:
-        return "str"
+    if hint in (bool, int, float, str):
+        return hint.__name__
     if typing.get_origin(hint) is tuple:
         args = [a for a in typing.get_args(hint) if a is not Ellipsis]
         elem = {str: "str", float: "float", int: "int"}.get(args[0] if args else None)

@@ -14,6 +14,7 @@ from typing import Any
 
 from heisd_ros.core.model_api import Decoder
 from heisd_ros.ros.outputs import CommandOutputs
+from heisd_ros.ros.shadow import ShadowRunner
 from heisd_ros.ros.step import StepRunner
 from heisd_ros.ros.sync import ApproxTimeSync
 from heisd_ros.ros.watchdog import Watchdog
@@ -34,6 +35,8 @@ class Session:
     outputs: CommandOutputs | None = None
     diagnostics_pub: Any = None
     runner: StepRunner | None = None
+    shadow: ShadowRunner | None = None
+    """Shadow mode's runner (held by `runner`, read here for /diagnostics); None when it is off."""
     worker: InferenceWorker | None = None
     diagnostics_timer: Any = None
     control_timer: Any = None

@@ -40,6 +40,7 @@ from heisd_ros.ros.input_limits import (
 )
 from heisd_ros.ros.outputs import CommandOutputs
 from heisd_ros.ros.params import NodeConfig, PolicyNodeConfig
+from heisd_ros.ros.shadow import ShadowRunner
 from heisd_ros.ros.status import ERROR, WARN, NodeStatus
 from heisd_ros.ros.sync import SyncedSet
 from heisd_ros.ros.watchdog import Watchdog
@@ -92,16 +93,18 @@ class StepRunner:
 
     config: the node's current configuration (it may change between steps); clock_s: node time, s;
     finger_gap: stamp -> (gap, '') or (None, why not), None when the model does not read the gap;
-    gate: where commands are allowed.
+    gate: where commands are allowed; shadow: shadow mode's runner, run after each published step
+    (None: off).
     """
 
     def __init__(self, decoder: Decoder, *, config: Callable[[], PolicyNodeConfig], clock_s: Callable[[], float],
                  finger_gap: Callable[[float], tuple[float | None, str]] | None, watchdog: Watchdog,
-                 outputs: CommandOutputs, gate: Gate, status: NodeStatus, logger: Any) -> None:  # fmt: skip
+                 outputs: CommandOutputs, gate: Gate, status: NodeStatus, logger: Any,
+                 shadow: ShadowRunner | None = None) -> None:  # fmt: skip
         self._decoder = decoder
         self._config, self._clock_s, self._finger_gap = config, clock_s, finger_gap
         self._watchdog, self._outputs, self._gate = watchdog, outputs, gate
-        self._status, self._logger = status, logger
+        self._status, self._logger, self._shadow = status, logger, shadow
         self._episode: int | None = None  # the episode the decoder was last reset for
         self._step_id = 0
         self.health = (True, "not checked yet")
@@ -136,6 +139,8 @@ class StepRunner:
             return self._status.problem("instruction", WARN, f"instruction refused: {refused}")
         if job.episode != self._episode:
             self._decoder.reset(job.instruction)
+            if self._shadow is not None:
+                self._shadow.reset(job.instruction)
             self._pose_gate.reset()
             self._episode, self._step_id = job.episode, 0
         started = time.monotonic()
@@ -145,13 +150,15 @@ class StepRunner:
             self._release_memory(job)
         if decoded is None or not self._watchdog_allows(time.monotonic() - started, n):
             return
-        action, stats = decoded
+        action, stats, obs = decoded
         problem = output_problem(action, self._clock_s() - job.synced.image_stamp_s, n)
         if problem is not None:
             return self._status.problem(*problem)
         if stats.fallback:
             self._status.fallback(stats.fallback)
         self._publish(job, action, stats, n)
+        if self._shadow is not None:  # after the outputs: the command never waits for it
+            self._run_shadow(job, obs, stats, n.control_period_s - (time.monotonic() - started))
 
     def job_done(self) -> None:
         """A job ended, with or without a command (or was dropped): a later hang is reported again."""
@@ -192,8 +199,8 @@ class StepRunner:
             self._trims_due -= 1
             release_memory()
 
-    def _decode(self, job: Job, n: NodeConfig) -> tuple[np.ndarray, StepStats] | None:
-        """(checked action, stats), or None after reporting why the step has no action."""
+    def _decode(self, job: Job, n: NodeConfig) -> tuple[np.ndarray, StepStats, Observation] | None:
+        """(checked action, stats, the observation), or None after reporting why the step has no action."""
         gap = None
         if self._finger_gap is not None:
             gap, why = self._finger_gap(job.synced.stamp_s)
@@ -208,7 +215,7 @@ class StepRunner:
             action, stats = self._decoder.step(obs)
             # beside the wall time: a step that waited for a CPU (a contended machine) shows it
             stats.latency_ms["cpu"] = (time.thread_time() - cpu0) * 1e3
-            return conv.check_action(action), stats
+            return conv.check_action(action), stats, obs
         except InputLimitError as err:
             return self._status.problem("input_limit", WARN, f"input refused: {err}")
         except InvalidObservationError as err:
@@ -249,3 +256,12 @@ class StepRunner:
             self._status.published(latency_s, float(stats.latency_ms.get("total", 0.0)), stats.mode, clipped=limited)
         finally:  # a decoded step counts towards its goal's step limit even when publishing failed
             self._gate.stepped(job.episode, stats, latency_s, sent is not None)
+
+    def _run_shadow(self, job: Job, obs: Observation, stats: StepStats, slack_s: float) -> None:
+        """Shadow mode on a published step; a failure costs the record, never the node its steps."""
+        try:
+            self._shadow.after_step(obs, stats, getattr(self._decoder, "f_live", None), stamp_s=job.synced.stamp_s,
+                                    step_id=self._step_id, episode=job.episode, slack_s=slack_s)  # fmt: skip
+        except HeisdError as err:
+            self._shadow.failed()
+            self._status.report("shadow", WARN, f"shadow step failed: {type(err).__name__}: {err}")

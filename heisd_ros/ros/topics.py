@@ -28,6 +28,8 @@ GRIPPER_TRAJECTORY = "gripper_trajectory"
 """trajectory_msgs/JointTrajectory of the fingers (remap to <controller>/joint_trajectory)."""
 GRIPPER_POSITIONS = "gripper_positions"
 """std_msgs/Float64MultiArray of the fingers (remap to <controller>/commands)."""
+SHADOW_STEPS = "shadow_steps"
+"""heisd_ros/ShadowStep output in shadow mode (shadow.method), one per shadowed step."""
 
 
 def image_topic(view: str, compressed: bool = False) -> str:

@@ -9,7 +9,7 @@ Usage:
         [--max-position-p95-bins 30] [--min-episodes 50]
 
 With --shadow: the node ran its own method (ar) with `shadow.method: heisd` and `ros2 bag record`
-kept its ~/shadow topic; the calibration file's point and its variations are replayed over every
+kept its shadow_steps topic; the calibration file's point and its variations are replayed over every
 recorded episode and chosen by heisd_ros/pipeline/shadow_point.py's rule (skip steps within their
 bounds against what was executed; the highest expected speed-up). What follows is the LIBERO path.
 

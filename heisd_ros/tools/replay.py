@@ -270,7 +270,7 @@ def _start_policy(session: _Session, method: str, decoder_factory: Callable | No
     """The policy node for `method` ('' = the parameter file's), started (and warmed up) in this process."""
     from rclpy.parameter import Parameter
 
-    from heisd_ros.ros.node import PolicyNode, load_decoder
+    from heisd_ros.ros.node import PolicyNode, load_node_policy
 
     cfg = session.cfg
     overrides = [Parameter(name, value=value) for name, value in cfg.overrides().items()]
@@ -293,7 +293,7 @@ def _start_policy(session: _Session, method: str, decoder_factory: Callable | No
         overrides.append(Parameter("command_enabled", value=True))
     if session.warmup is None:
         session.warmup = target.first_steps(session.bag, session.plan, cfg.slop_s, cfg.warmup_steps)
-    factory = target.warmed(decoder_factory or load_decoder, session.warmup,
+    factory = target.warmed(decoder_factory or load_node_policy, session.warmup,
                             lambda s: session.say(f"[{method or 'node'}] {s}"))  # fmt: skip
     return PolicyNode(factory, node_name=cfg.node_name, namespace=target.normalise_namespace(cfg.namespace),
                       context=session.ctx, parameter_overrides=overrides)  # fmt: skip

@@ -91,7 +91,7 @@ import sys, time
 sys.path.insert(0, {str(REPO / "test")!r})
 from fake_decoder import FakeDecoder
 from heisd_ros.ros import node
-node.load_decoder = lambda cfg: FakeDecoder(cfg, delay_s=float(sys.argv[1]), action=lambda obs, k: [0.0] * 6 + [-1.0])
+node.load_node_policy = lambda cfg: FakeDecoder(cfg, delay_s=float(sys.argv[1]), action=lambda obs, k: [0.0] * 6 + [-1.0])
 sys.exit(node.main(sys.argv[2:]))
 """
 

@@ -646,7 +646,7 @@ import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from fake_decoder import FakeDecoder
 from heisd_ros.ros import node
-node.load_decoder = FakeDecoder
+node.load_node_policy = FakeDecoder
 sys.exit(node.main(sys.argv[1:]))
 """
 

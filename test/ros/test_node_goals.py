@@ -185,7 +185,7 @@ delay = float(sys.argv[1])
 def slow_fake(cfg):
     time.sleep(delay)  # a model that takes a while to load
     return FakeDecoder(cfg)
-node.load_decoder = slow_fake
+node.load_node_policy = slow_fake
 sys.exit(node.main(sys.argv[2:]))
 """
 

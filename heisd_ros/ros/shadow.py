@@ -1,0 +1,149 @@
+"""Shadow mode in the node: while it executes its own method (ar, the user's known-good path), what
+heisd at the loaded point would have done, step by step, published for `heisd choose-point --shadow`.
+
+With `shadow.method: heisd` the node loads a `ShadowDecoder` (heisd_ros/core/shadow.py) over the same
+model, drafter and database, and after each executed step's outputs have gone out (never before:
+the command path is unchanged) it computes on that step's observation everything heisd's decisions
+read and publishes it as one `heisd_ros/ShadowStep` on `shadow_steps` (record it with `ros2 bag
+record`). `/diagnostics` summarises it, with the decisions heisd at the loaded point would have made
+replayed over the records as they come (`PointReplay`): its mode mix and its skip steps' deviation
+from the executed tokens.
+
+The shadow costs a vision pass, a query and two decodes. `shadow.when: slack` runs it only when the
+control period leaves room for it (the time left before the next tick against the last shadow's
+duration) and counts the steps it skipped; that rule reads a clock, so it decides only whether a
+record is made, never a command. `always` shadows every step even when the next tick is then missed:
+for lockstep simulation and bags played slower than real time, where no input waits on the node.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from heisd_ros.core.config import DecoderConfig, require
+from heisd_ros.core.model_api import Decoder
+from heisd_ros.core.shadow import ShadowDecoder
+from heisd_ros.core.types import Observation, StepStats
+from heisd_ros.pipeline.shadow_bags import shadow_fields
+from heisd_ros.pipeline.shadow_replay import PointReplay
+from heisd_ros.ros import conversions as conv
+
+SHADOW_METHODS = ("", "heisd")
+SHADOW_WHEN = ("slack", "always")
+SKIP_BINS_KEPT = 10_000
+"""Skip-step deviations kept for the diagnostics' p95 (the most recent; a long run forgets the oldest)."""
+
+
+@dataclass(frozen=True)
+class ShadowConfig:
+    """Shadow mode (shadow.*): what heisd would have done on the steps the node executes with its own method."""
+
+    method: str = ""
+    """'' (off) or 'heisd': compute, after each executed step's outputs, what heisd at the loaded operating point reads, and publish it on shadow_steps (ros2 bag record it for heisd choose-point --shadow)."""
+    when: str = "slack"
+    """'slack': shadow a step only when the control period leaves time for it (skipped steps are counted); 'always': every step, even if the next tick is missed (lockstep simulation, slow bag replay)."""
+
+    def __post_init__(self) -> None:
+        require(self.method in SHADOW_METHODS, f"shadow.method must be one of {list(SHADOW_METHODS)}, got {self.method!r}")
+        require(self.when in SHADOW_WHEN, f"shadow.when must be one of {list(SHADOW_WHEN)}, got {self.when!r}")
+
+
+def shadow_decoder_config(executing: DecoderConfig, shadow: ShadowConfig) -> DecoderConfig:
+    """The shadow's configuration: the executing decoder's (the loaded point's settings) as heisd.
+    Raises ConfigError when the node already executes what it would shadow."""
+    require(executing.method != shadow.method,
+            f"shadow.method {shadow.method!r} is the executing method: shadow another method (e.g. method ar)")  # fmt: skip
+    return executing.with_method(shadow.method)
+
+
+class LoadedPolicy(NamedTuple):
+    """What configure loads: the executing decoder and, in shadow mode, its shadow over the same parts."""
+
+    decoder: Decoder
+    shadow: ShadowDecoder | None = None
+
+
+@dataclass
+class ShadowSummary:
+    """Counters of the shadow since configure, for /diagnostics."""
+
+    records: int = 0
+    skipped_no_slack: int = 0
+    failed: int = 0
+    mean_ms: float = math.nan
+
+
+class ShadowRunner:
+    """Runs the shadow after each executed step on the inference thread (StepRunner holds it)."""
+
+    def __init__(self, shadow: ShadowDecoder, publisher: Any, frame_id: str, when: str) -> None:
+        self._shadow, self._publisher, self._frame_id, self._when = shadow, publisher, frame_id, when
+        self._replay = PointReplay(shadow.cfg)
+        self._last_s = 0.0  # the last shadow's duration: the slack rule's estimate of the next
+        self._lock = threading.Lock()  # the diagnostics timer reads what the inference thread writes
+        self._summary = ShadowSummary()
+        self._total_ms = 0.0
+        self._modes: dict[str, int] = {}
+        self._skip_bins: list[float] = []
+        self._skip_gripper = 0
+
+    def reset(self, instruction: str | None) -> None:
+        """A new episode: the shadow's window, live features and the replayed sequence start over."""
+        self._shadow.reset(instruction)
+        self._replay = PointReplay(self._shadow.cfg)
+
+    def after_step(self, obs: Observation, stats: StepStats, executed_live: np.ndarray | None, *, stamp_s: float,
+                   step_id: int, episode: int, slack_s: float) -> str:  # fmt: skip
+        """Shadow one executed step; '' when a record was published, else why not (skipped: no slack)."""
+        if self._when == "slack" and slack_s < self._last_s:
+            self._shadow.pass_over(obs, executed_live)
+            with self._lock:
+                self._summary.skipped_no_slack += 1
+            return f"no slack: {slack_s * 1e3:.0f} ms left, the last shadow took {self._last_s * 1e3:.0f} ms"
+        t0 = time.monotonic()
+        step = self._shadow.shadow(obs, stats.tokens, executed_live)
+        self._last_s = time.monotonic() - t0
+        replayed = self._replay.step(step)
+        msg = _message(shadow_fields(step, step_id, episode, obs.instruction,
+                                     float(stats.latency_ms.get("total", math.nan))), stamp_s, self._frame_id)  # fmt: skip
+        self._publisher(msg)
+        with self._lock:
+            s = self._summary
+            s.records += 1
+            self._total_ms += self._last_s * 1e3
+            s.mean_ms = self._total_ms / s.records
+            self._modes[replayed.mode] = self._modes.get(replayed.mode, 0) + 1
+            if replayed.mode == "skip":
+                self._skip_bins = (self._skip_bins + [replayed.position_bins])[-SKIP_BINS_KEPT:]
+                self._skip_gripper += int(replayed.gripper_differs)
+        return ""
+
+    def failed(self) -> None:
+        with self._lock:
+            self._summary.failed += 1
+
+    def diagnostics(self) -> dict[str, str]:
+        """The /diagnostics values of the shadow: its counters and heisd-at-the-point's replayed decisions."""
+        with self._lock:
+            s, bins = self._summary, list(self._skip_bins)
+            modes = " ".join(f"{k}:{v}" for k, v in sorted(self._modes.items())) or "-"
+            skips = self._modes.get("skip", 0)
+            return {
+                "shadow_method": self._shadow.cfg.method, "shadow_records": str(s.records),
+                "shadow_skipped_no_slack": str(s.skipped_no_slack), "shadow_failed": str(s.failed),
+                "shadow_mean_ms": f"{s.mean_ms:.1f}", "shadow_point_mode_mix": modes,
+                "shadow_point_skip_position_p95_bins": f"{np.percentile(bins, 95):.1f}" if bins else "nan",
+                "shadow_point_skip_gripper_disagreement": f"{self._skip_gripper / skips:.4f}" if skips else "nan",
+            }  # fmt: skip
+
+
+def _message(fields: dict[str, Any], stamp_s: float, frame_id: str) -> Any:
+    from heisd_ros.msg import ShadowStep
+
+    return ShadowStep(header=conv.header_msg(stamp_s, frame_id), **fields)
