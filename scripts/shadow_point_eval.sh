@@ -1,0 +1,95 @@
+#!/bin/bash
+# The operating point chosen the way a user would, from shadow runs, validated where a closed loop
+# exists (benchmarks/shadow_point.{md,json}; docs/your_data.md §6):
+#   shadow: the node runs ar on the simulated arm (lockstep) with shadow.method heisd, 10 tasks x
+#           calibration init states 20-29 in their own scene set (shift 0.02 m, seed 73560, written
+#           into docs/eval_libero.md before the run), recording shadow_steps;
+#   choose: heisd choose-point --shadow over those recordings, from the shipped point's file;
+#   eval:   ar, heisd at the shipped (LIBERO-chosen) point and heisd at the shadow-chosen point in one
+#           eval-libero run on the sealed scenes of the check run (init 40-41, shift 0.02 m, seed 4912),
+#           every lossy step shadowed by greedy ar: the skip steps' deviation under heisd's own execution;
+#   expert: the scripted expert's episodes at init states 30-31 as bags, replayed through the node with
+#           ar and the shadow, a point chosen from them, then heisd at both points on the same bags;
+#   report: benchmarks/shadow_point.{md,json}.
+#   STAGE=shadow|choose|eval|expert|report bash scripts/shadow_point_eval.sh   (default: all, in order)
+set -euo pipefail
+H=".venv/bin/python -m heisd_ros.tools.cli"  # `python -m` from the checkout: the checkout's code runs
+W=".venv/bin/python -m heisd_libero"
+E=artifacts/eval_object
+S=artifacts/shadow_point
+SHIPPED=models/mini_libero/calibration.json
+export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} OMP_NUM_THREADS=1
+mkdir -p $S
+stage() { [ -z "${STAGE:-}" ] || [ "$STAGE" = "$1" ]; }
+
+if stage shadow; then
+    for part in a:20-24 b:25-29; do
+        IFS=: read -r name inits <<< "$part"
+        [ -f $S/shadow_$name.json ] && continue  # resumable by halves
+        rm -rf $S/shadow_$name
+        $W sim-episodes --methods ar --tasks 0-9 --init-states "$inits" --scene-shift-m 0.02 --scene-seed 73560 \
+            --time-mode lockstep --db-path $E/db --shadow-bags $S/shadow_$name --log-dir $S/logs_$name \
+            --out $S/shadow_$name.json
+    done
+fi
+
+if stage choose; then
+    $H choose-point --shadow $S/shadow_a/ar $S/shadow_b/ar --calibration $SHIPPED --out $S/point_shadow.json
+fi
+
+# The shadow-chosen point as an eval-libero variant of heisd (it differs from the shipped point in
+# verify-skip's fields only: choose-point --shadow varies nothing else).
+shadow_variant() {
+    .venv/bin/python - "$S/point_shadow.json" <<'EOF'
+import json, sys
+vs = json.load(open(sys.argv[1]))["verify_skip"]
+fields = ("enabled", "min_similarity", "max_consecutive_skips", "max_bins_from_verified")
+print("heisd_shadow=heisd:" + ",".join(f"verify_skip.{k}={json.dumps(vs[k])}" for k in fields))
+EOF
+}
+
+if stage eval; then
+    [ -d $E/db_b ] || cp -r $E/db $E/db_b
+    variant=$(shadow_variant)
+    for part in a:0-4:db b:5-9:db_b; do
+        IFS=: read -r name tasks db <<< "$part"
+        for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
+            $W eval-libero --model $E/vla --drafter models/mini_libero/drafter --suite libero_object --max-steps 280 \
+                --seed 0 --threads 1 --no-progress --plots '' --db $E/$db --calibration $SHIPPED --tasks "$task" \
+                --init-states 40-41 --scene-shift-m 0.02 --scene-seed 4912 --shadow-strict-every 1 \
+                --methods ar,heisd,heisd_shadow --variants "$variant" --out $S/eval_$name.json >> $S/eval_$name.out 2>&1
+        done &
+    done
+    wait
+    (head -n 1 $S/eval_a.jsonl; tail -q -n +2 $S/eval_a.jsonl $S/eval_b.jsonl) > $S/eval.jsonl
+    $W eval-libero --report-from $S/eval.jsonl --tasks 0-9 --init-states 40-41 --methods ar,heisd,heisd_shadow \
+        --variants "$variant" --out $S/eval.json --plots ''
+fi
+
+if stage expert; then
+    # 20 expert episodes the database never saw (init states 30-31), as rosbag2 MCAP
+    [ -d $S/expert/libero_object/bags ] || $W gen-demos --tasks 0-9 --init-states 30-31 --perturbations 0 \
+        --out $S/expert
+    node=(--start-node --fast --params-file config/policy.yaml -p model_dir:=models/mini_libero/vla
+          -p drafter_dir:=models/mini_libero/drafter -p db_path:=$E/db -p image_staleness_s:=5.0 -p pose_staleness_s:=5.0)
+    for bag in $S/expert/libero_object/bags/*/*; do
+        out=$S/expert_runs/$(basename "$(dirname "$bag")")_$(basename "$bag")
+        [ -f $out/ar_shadow/metadata.yaml ] || $H replay "$bag" "${node[@]}" --method ar --quiet \
+            -p calibration_path:=$SHIPPED -p shadow.method:=heisd -p shadow.when:=always --out $out/ar_shadow
+    done
+    $H choose-point --shadow $S/expert_runs/*/ar_shadow --calibration $SHIPPED --out $S/point_expert.json
+    for bag in $S/expert/libero_object/bags/*/*; do
+        out=$S/expert_runs/$(basename "$(dirname "$bag")")_$(basename "$bag")
+        for point in shipped:$SHIPPED expert:$S/point_expert.json; do
+            IFS=: read -r name file <<< "$point"
+            [ -f $out/heisd_$name/metadata.yaml ] || $H replay "$bag" "${node[@]}" --method heisd --quiet \
+                -p calibration_path:=$file --out $out/heisd_$name --json $out/heisd_$name.json
+        done
+        [ -f $out/ar.json ] || $H replay "$bag" "${node[@]}" --method ar --quiet -p calibration_path:=$SHIPPED \
+            --out $out/ar --json $out/ar.json
+    done
+fi
+
+if stage report; then
+    .venv/bin/python -m heisd_libero.shadow_point_report --dir $S --out benchmarks/shadow_point
+fi
