@@ -106,14 +106,14 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
     try:
         for method in args.methods.split(","):
             params = {"calibration_path": args.point} if args.point else {}
-            recorder = None
-            if args.shadow_bags and method != "heisd":
-                # every step shadowed in lockstep (the arm waits); in arm time only where the period has room
+            recorder = proc = None
+            shadowed = bool(args.shadow_bags) and method != "heisd"
+            if shadowed:  # every step shadowed in lockstep (the arm waits); in arm time only where the period has room
                 params.update({"shadow.method": "heisd", "shadow.when": "always" if args.time_mode == "lockstep" else "slack"})
-                recorder = ShadowRecorder(Path(args.shadow_bags) / method, ctx)
-            proc = start_node(method, args.db_path, args.control_rate_hz, args.log_dir, args.domain_id, **params)
             episodes = []
             try:
+                recorder = ShadowRecorder(Path(args.shadow_bags) / method, ctx) if shadowed else None
+                proc = start_node(method, args.db_path, args.control_rate_hz, args.log_dir, args.domain_id, **params)
                 for task in parse_range(args.tasks):
                     env = LiberoEnv(LiberoEnvConfig(suite=args.suite, task_index=task))
                     try:
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
                     finally:
                         env.close()
             finally:
-                code = stop_process(proc)
+                code = stop_process(proc) if proc is not None else None
                 if recorder is not None:
                     recorder.close()
             report["methods"][method] = {"summary": summary(episodes), "node_exit_code": code, "episodes": episodes,

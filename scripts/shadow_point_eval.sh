@@ -51,6 +51,7 @@ EOF
 if stage eval; then
     [ -d $E/db_b ] || cp -r $E/db $E/db_b
     variant=$(shadow_variant)
+    pids=()
     for part in a:0-4:db b:5-9:db_b; do
         IFS=: read -r name tasks db <<< "$part"
         for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
@@ -59,8 +60,9 @@ if stage eval; then
                 --init-states 40-41 --scene-shift-m 0.02 --scene-seed 4912 --shadow-strict-every 1 \
                 --methods ar,heisd,heisd_shadow --variants "$variant" --out $S/eval_$name.json >> $S/eval_$name.out 2>&1
         done &
+        pids+=($!)
     done
-    wait
+    for pid in "${pids[@]}"; do wait "$pid"; done  # a failed shard fails the stage
     (head -n 1 $S/eval_a.jsonl; tail -q -n +2 $S/eval_a.jsonl $S/eval_b.jsonl) > $S/eval.jsonl
     $W eval-libero --report-from $S/eval.jsonl --tasks 0-9 --init-states 40-41 --methods ar,heisd,heisd_shadow \
         --variants "$variant" --out $S/eval.json --plots ''
@@ -74,7 +76,8 @@ if stage expert; then
           -p drafter_dir:=models/mini_libero/drafter -p db_path:=$E/db -p image_staleness_s:=5.0 -p pose_staleness_s:=5.0)
     for bag in $S/expert/libero_object/bags/*/*; do
         out=$S/expert_runs/$(basename "$(dirname "$bag")")_$(basename "$bag")
-        [ -f $out/ar_shadow/metadata.yaml ] || $H replay "$bag" "${node[@]}" --method ar --quiet \
+        [ -f $out/ar_shadow/metadata.yaml ] || rm -rf $out/ar_shadow
+        [ -d $out/ar_shadow ] || $H replay "$bag" "${node[@]}" --method ar --quiet \
             -p calibration_path:=$SHIPPED -p shadow.method:=heisd -p shadow.when:=always --out $out/ar_shadow
     done
     $H choose-point --shadow $S/expert_runs/*/ar_shadow --calibration $SHIPPED --out $S/point_expert.json
@@ -82,10 +85,12 @@ if stage expert; then
         out=$S/expert_runs/$(basename "$(dirname "$bag")")_$(basename "$bag")
         for point in shipped:$SHIPPED expert:$S/point_expert.json; do
             IFS=: read -r name file <<< "$point"
-            [ -f $out/heisd_$name/metadata.yaml ] || $H replay "$bag" "${node[@]}" --method heisd --quiet \
+            [ -f $out/heisd_$name/metadata.yaml ] || rm -rf $out/heisd_$name
+            [ -d $out/heisd_$name ] || $H replay "$bag" "${node[@]}" --method heisd --quiet \
                 -p calibration_path:=$file --out $out/heisd_$name --json $out/heisd_$name.json
         done
-        [ -f $out/ar.json ] || $H replay "$bag" "${node[@]}" --method ar --quiet -p calibration_path:=$SHIPPED \
+        [ -f $out/ar/metadata.yaml ] || rm -rf $out/ar
+        [ -d $out/ar ] || $H replay "$bag" "${node[@]}" --method ar --quiet -p calibration_path:=$SHIPPED \
             --out $out/ar --json $out/ar.json
     done
 fi

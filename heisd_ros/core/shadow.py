@@ -38,8 +38,9 @@ from heisd_ros.core.tree import sequence_tree
 from heisd_ros.core.verify_skip import cosine_similarity, gripper_switch_in
 
 LIVE_LAGS = 4
-"""Similarities are kept to the live feature of the last this many executed steps: a replay with
-N_max consecutive skips reads lag N_max + 1 at most, so points up to N_max 3 replay exactly."""
+"""Similarities are kept to the live feature of the last this many executed steps: a replay after
+k consecutive skips reads lag k (0-based), at most N_max - 1, so points up to N_max 4 replay exactly
+(choose-point refuses a candidate beyond)."""
 
 
 @dataclass(frozen=True)

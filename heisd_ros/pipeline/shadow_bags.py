@@ -59,16 +59,41 @@ def from_message(msg: Any) -> tuple[ShadowStep, float]:
 
 
 def read_shadow_bags(paths: Iterable[str | Path]) -> list[RecordedEpisode]:
-    """The episodes of every bag, in order: a bag's records grouped by their episode counter."""
+    """The episodes of every bag, in order: a bag's records grouped by their episode counter, and an
+    episode with steps that were not shadowed (shadow.when slack) split into its runs of consecutive
+    step ids, each replayed on its own (the sequence a replay carries is broken at a gap)."""
     from heisd_ros.pipeline.bags import read_messages
 
     episodes: list[RecordedEpisode] = []
     for path in paths:
-        current: dict[int, tuple[str, list, list]] = {}
+        current: dict[int, list[tuple[int, str, ShadowStep, float]]] = {}
         for record in read_messages(path, msgtypes=[MSGTYPE]):
             step, executed_ms = from_message(record.msg)
-            instruction, steps, ms = current.setdefault(int(record.msg.episode), (record.msg.instruction, [], []))
-            steps.append(step)
-            ms.append(executed_ms)
-        episodes += [RecordedEpisode(i, s, m) for i, s, m in current.values()]
+            current.setdefault(int(record.msg.episode), []).append(
+                (int(record.msg.step_id), record.msg.instruction, step, executed_ms))
+        for episode, rows in current.items():
+            rows.sort(key=lambda r: r[0])
+            runs: list[list] = []
+            for row in rows:
+                if not runs or row[0] != runs[-1][-1][0] + 1:
+                    runs.append([])
+                runs[-1].append(row)
+            episodes += [RecordedEpisode(run[0][1], [r[2] for r in run], [r[3] for r in run], f"{path}#{episode}")
+                         for run in runs]
     return episodes
+
+
+def bag_digest(path: str | Path) -> str:
+    """sha256 of a rosbag2 directory's metadata and storage files (what choose-point --shadow read)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(p for p in Path(path).iterdir() if p.suffix in (".yaml", ".mcap", ".db3"))
+    if not files:
+        return "missing"
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()

@@ -32,7 +32,7 @@ import numpy as np
 
 from heisd_ros.core.config import DecoderConfig
 from heisd_ros.core.errors import ConfigError
-from heisd_ros.core.shadow import ShadowStep
+from heisd_ros.core.shadow import LIVE_LAGS, ShadowStep
 from heisd_ros.pipeline.shadow_replay import ReplayedStep, replay_episode
 
 
@@ -53,6 +53,9 @@ class RecordedEpisode:
     instruction: str
     steps: Sequence[ShadowStep]
     executed_ms: Sequence[float]
+    source: str = ""
+    """Which recorded episode this is (bag and the node's episode counter): a recorded episode with
+    unshadowed steps (no slack) comes as several runs of consecutive steps, each replayed afresh."""
 
 
 MIN_SIMILARITIES = (0.9, 0.95, 0.98, 0.99, 0.995)
@@ -105,6 +108,8 @@ def evaluate(cfg: DecoderConfig, episodes: Sequence[RecordedEpisode], rule: Shad
                 relaxed_bins.append(replayed.position_bins)
     skip_p95, gripper = _p95(skip_bins), float(np.mean(skip_gripper)) if skip_gripper else 0.0
     why = []
+    if cfg.verify_skip.enabled and cfg.verify_skip.max_consecutive_skips > LIVE_LAGS:
+        why.append(f"N_max {cfg.verify_skip.max_consecutive_skips} beyond what the records replay ({LIVE_LAGS})")
     if skip_bins and not skip_p95 <= rule.max_position_p95_bins:
         why.append(f"skip steps' position p95 {skip_p95:.1f} bins > {rule.max_position_p95_bins:g}")
     if gripper > rule.max_gripper_disagreement:
@@ -123,8 +128,9 @@ def choose(base: DecoderConfig, episodes: Sequence[RecordedEpisode],
            rule: ShadowRule = ShadowRule()) -> tuple[str, DecoderConfig, dict[str, dict]]:
     """(label, point, every candidate's figures) of the recording; ConfigError when it is too short."""
     steps = sum(len(e.steps) for e in episodes)
-    if len(episodes) < rule.min_episodes or steps < rule.min_steps:
-        raise ConfigError(f"the recording holds {len(episodes)} episodes and {steps} steps; the rule needs at least "
+    recorded = len({e.source or id(e) for e in episodes})
+    if recorded < rule.min_episodes or steps < rule.min_steps:
+        raise ConfigError(f"the recording holds {recorded} episodes and {steps} steps; the rule needs at least "
                           f"{rule.min_episodes} episodes and {rule.min_steps} steps (record more shadow episodes)")
     points = candidates(base)
     figures = {label: evaluate(cfg, episodes, rule) for label, cfg in points.items()}
@@ -132,5 +138,6 @@ def choose(base: DecoderConfig, episodes: Sequence[RecordedEpisode],
     # ties (to 0.1 %) go to the base point, then to the stricter check: the same speed for less risk
     best = max(eligible, key=lambda label: (round(figures[label]["expected_speedup"], 3), label == "base",
                                             points[label].verify_skip.min_similarity,
-                                            -points[label].verify_skip.max_consecutive_skips))  # fmt: skip
+                                            -points[label].verify_skip.max_consecutive_skips,
+                                            points[label].verify_skip.max_bins_from_verified > 0))  # fmt: skip
     return best, points[best], figures

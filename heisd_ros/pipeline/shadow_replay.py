@@ -71,7 +71,8 @@ class PointReplay:
         cfg, vs = self.cfg, self.cfg.verify_skip
         f = None if math.isnan(r.fused_metric) else r.fused_metric
         mode, tokens, forwards, verdict = "drafter", r.executed_tokens, r.drafter_forwards, ""
-        if self._choice.decide(f, cfg.fused_metric.tau).retrieval and r.hits:
+        wants_retrieval = self._choice.decide(f, cfg.fused_metric.tau).retrieval
+        if wants_retrieval and r.hits:
             mode, tokens, forwards = "retrieval", r.tree_tokens, r.tree_forwards
             for i, hit in enumerate(r.hits):
                 reason = _verdict(vs, hit, r.hits, self._skips_in_a_row, self._last_verified, self._last_gripper)
@@ -82,6 +83,9 @@ class PointReplay:
                     break
         st = StepStats(mode=mode, method="heisd", skipped=mode == "skip", llm_forwards=forwards)
         st.tokens = tuple(tokens)
+        # a step that wanted retrieval and had no hits fell back, as the decoder's did (the source
+        # choice learns nothing from it)
+        st.fallback = r.fallback if wants_retrieval and not r.hits else ""
         self._choice.record(st)
         if mode == "skip":
             self._skips_in_a_row += 1

@@ -84,7 +84,10 @@ def load_node_policy(cfg: PolicyNodeConfig) -> LoadedPolicy:
     set_torch_threads(n.torch_threads)
     paths = policy_paths(cfg)
     shadow_cfg = resolve_decoder_config(shadow_decoder_config(cfg.decoder, n.shadow), paths, cfg.store)
-    parts = load_parts(paths, cfg.decoder, [cfg.decoder.method, shadow_cfg.method], cfg.store)
+    # the store sized by the shadow's query views (the method that retrieves), the model as both run it
+    parts = load_parts(paths, shadow_cfg, [shadow_cfg.method, cfg.decoder.method], cfg.store)
+    # the executing decoder holds the database too, never querying it: its health checks and its
+    # close (the file lock) cover the shadow's
     return LoadedPolicy(assemble_decoders(parts, {"run": cfg.decoder})["run"], assemble_shadow(parts, shadow_cfg))
 
 
@@ -118,21 +121,22 @@ def warmup_observations(decoder: Decoder, cfg: PolicyNodeConfig, steps: int) -> 
             for k in range(steps)]  # fmt: skip
 
 
-def warm_up(decoder: Decoder, cfg: PolicyNodeConfig, shadow: ShadowDecoder | None = None) -> str:
+def warm_up(decoder: Decoder, cfg: PolicyNodeConfig, shadow: ShadowDecoder | None = None) -> tuple[str, float]:
     """Decode `warmup_steps` synthetic steps (each shadowed too, in shadow mode), then reset the
     decoder: its episode state (trajectory window, verify-skip run, the source choice's measured step
     costs) is cleared, so the warm-up never biases the first episode (a cold retrieval measured
-    against a warm drafter would keep heisd on the drafter). Returns a summary for the log; raises
-    the decoder's HeisdError."""
+    against a warm drafter would keep heisd on the drafter). Returns a summary for the log and the
+    last warm-up shadow's duration, s (0 without one: shadow mode's first estimate); raises the
+    decoder's HeisdError."""
     decoder.prepare_vision()  # the backbone's graphs, whatever the steps below reach
     steps = cfg.node.warmup_steps
     if steps <= 0:
-        return "no warm-up (warmup_steps 0)"
+        return "no warm-up (warmup_steps 0)", 0.0
     if not (model_input(decoder).image_hw or cfg.node.expected_hw):
-        return "no warm-up: neither the model nor expected_image_height/width gives the frame size"
+        return "no warm-up: neither the model nor expected_image_height/width gives the frame size", 0.0
     observations = warmup_observations(decoder, cfg, steps)
     t0 = time.monotonic()
-    modes, step_ms = [], []
+    modes, step_ms, shadow_s = [], [], 0.0
     decoder.reset(observations[0].instruction)
     try:
         for obs in observations:
@@ -141,14 +145,17 @@ def warm_up(decoder: Decoder, cfg: PolicyNodeConfig, shadow: ShadowDecoder | Non
             step_ms.append((time.monotonic() - t) * 1e3)
             modes.append(str(getattr(stats, "mode", "")))
             if shadow is not None:
+                t = time.monotonic()
                 shadow.shadow(obs, stats.tokens, decoder.f_live)
+                shadow_s = time.monotonic() - t
     finally:
         decoder.reset(None)
         if shadow is not None:
             shadow.reset(None)
     total_s = time.monotonic() - t0
     return (f"warm-up: {steps} steps in {total_s:.2f} s (first {step_ms[0]:.0f} ms, last {step_ms[-1]:.0f} ms), "
-            f"modes {modes}; decoder reset")  # fmt: skip
+            f"modes {modes}{f', last shadow {shadow_s * 1e3:.0f} ms' if shadow is not None else ''}; decoder reset",
+            shadow_s)  # fmt: skip
 
 
 class ManagedPolicy:
@@ -216,9 +223,9 @@ class ManagedPolicy:
             loaded = self._decoder_factory(run_cfg)
             loaded = loaded if isinstance(loaded, LoadedPolicy) else LoadedPolicy(loaded)
             decoder = loaded.decoder
-            summary = warm_up(decoder, run_cfg, loaded.shadow)
+            summary, shadow_s = warm_up(decoder, run_cfg, loaded.shadow)
             self._run_with(run_cfg, log=True)
-            self._open_session(decoder, loaded.shadow)
+            self._open_session(decoder, loaded.shadow, shadow_s)
         except HeisdError as err:
             return self._configure_failed(f"{type(err).__name__}: {err}", decoder, err, TransitionCallbackReturn.FAILURE)
         except Exception as err:  # noqa: BLE001 - rclpy would turn it into ERROR without the reason

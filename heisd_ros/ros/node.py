@@ -143,7 +143,7 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         )
 
     # ------------------------------------------------------------------ configure's resources
-    def _open_session(self, decoder: Decoder, shadow: ShadowDecoder | None = None) -> None:
+    def _open_session(self, decoder: Decoder, shadow: ShadowDecoder | None = None, shadow_s: float = 0.0) -> None:
         """Everything configure creates around the loaded decoder, as the node's Session; on a
         failure part way, what was made is released (the decoder too) and the error raised."""
         n = self.cfg.node
@@ -155,7 +155,8 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
             session.publishers = [p for p in self.publishers if all(p is not b for b in before)]
             session.subscriptions = self._subscribe(session)
             if shadow is not None:
-                session.shadow = ShadowRunner(shadow, session.outputs.publish_shadow, n.command_frame_id, n.shadow.when)
+                session.shadow = ShadowRunner(shadow, session.outputs.publish_shadow, n.command_frame_id, n.shadow.when,
+                                              estimate_s=shadow_s)  # fmt: skip
             session.runner = StepRunner(
                 decoder, config=lambda: self.cfg, clock_s=self._now_s,
                 finger_gap=self._finger_gap_for if session.reads_gap else None, watchdog=session.watchdog,
@@ -323,6 +324,9 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
         self._task.tick()
         self._revive_worker(worker)
         now = self._now_s()
+        if worker.shadowing:  # shadow mode: the last step's shadow takes the worker for a moment
+            self._status.dropped_tick()
+            return
         running_s = worker.running_s()
         if running_s is not None:
             self._status.dropped_tick()
@@ -334,8 +338,8 @@ class PolicyNode(ManagedPolicy, LifecycleNode):
                                     throttled=False)  # fmt: skip
             return
         job = self._next_job(session, now)
-        if job is not None:
-            worker.submit(job)
+        if job is not None and not worker.submit(job):
+            self._status.dropped_tick()
 
     def _next_job(self, session: Session, now: float) -> Job | None:
         """The newest synchronised set with the running episode, consumed; None (reported) when

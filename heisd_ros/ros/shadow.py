@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -75,40 +76,63 @@ class ShadowSummary:
 
     records: int = 0
     skipped_no_slack: int = 0
+    skipped_database: int = 0
     failed: int = 0
     mean_ms: float = math.nan
 
 
 class ShadowRunner:
-    """Runs the shadow after each executed step on the inference thread (StepRunner holds it)."""
+    """Runs the shadow after each executed step on the inference thread (StepRunner holds it).
 
-    def __init__(self, shadow: ShadowDecoder, publisher: Any, frame_id: str, when: str) -> None:
-        self._shadow, self._publisher, self._frame_id, self._when = shadow, publisher, frame_id, when
+    `estimate_s`: the shadow's expected duration before any was measured here (configure's warm-up
+    shadows); then the median of the last `DURATIONS_KEPT` shadows, so one slow shadow does not
+    stop the rest."""
+
+    DURATIONS_KEPT = 5
+
+    def __init__(self, shadow: ShadowDecoder, publisher: Any, frame_id: str, when: str, estimate_s: float = 0.0) -> None:
+        self.decoder = shadow
+        self._publisher, self._frame_id, self._when = publisher, frame_id, when
         self._replay = PointReplay(shadow.cfg)
-        self._last_s = 0.0  # the last shadow's duration: the slack rule's estimate of the next
+        self._durations: deque[float] = deque([estimate_s], maxlen=self.DURATIONS_KEPT)
         self._lock = threading.Lock()  # the diagnostics timer reads what the inference thread writes
         self._summary = ShadowSummary()
         self._total_ms = 0.0
         self._modes: dict[str, int] = {}
-        self._skip_bins: list[float] = []
+        self._skip_bins: deque[float] = deque(maxlen=SKIP_BINS_KEPT)
         self._skip_gripper = 0
+
+    @property
+    def estimate_s(self) -> float:
+        return float(np.median(self._durations))
 
     def reset(self, instruction: str | None) -> None:
         """A new episode: the shadow's window, live features and the replayed sequence start over."""
-        self._shadow.reset(instruction)
-        self._replay = PointReplay(self._shadow.cfg)
+        self.decoder.reset(instruction)
+        self._replay = PointReplay(self.decoder.cfg)
+
+    def pass_over(self, obs: Observation, executed_live: np.ndarray | None, why: str) -> None:
+        """An executed step without a record ('no slack' or 'database unhealthy'): the shadow's window
+        and live features follow it; the diagnostics' replay starts over after the gap, as
+        `heisd choose-point --shadow` does (records are replayed in runs of consecutive steps)."""
+        self.decoder.pass_over(obs, executed_live)
+        self._replay = PointReplay(self.decoder.cfg)
+        with self._lock:
+            if why == "no slack":
+                self._summary.skipped_no_slack += 1
+            else:
+                self._summary.skipped_database += 1
 
     def after_step(self, obs: Observation, stats: StepStats, executed_live: np.ndarray | None, *, stamp_s: float,
-                   step_id: int, episode: int, slack_s: float) -> str:  # fmt: skip
-        """Shadow one executed step; '' when a record was published, else why not (skipped: no slack)."""
-        if self._when == "slack" and slack_s < self._last_s:
-            self._shadow.pass_over(obs, executed_live)
-            with self._lock:
-                self._summary.skipped_no_slack += 1
-            return f"no slack: {slack_s * 1e3:.0f} ms left, the last shadow took {self._last_s * 1e3:.0f} ms"
+                   step_id: int, episode: int, slack_s: float) -> bool:  # fmt: skip
+        """Shadow one executed step; whether a record was published (not: no slack, counted)."""
+        if self._when == "slack" and slack_s < self.estimate_s:
+            self.pass_over(obs, executed_live, "no slack")
+            return False
         t0 = time.monotonic()
-        step = self._shadow.shadow(obs, stats.tokens, executed_live)
-        self._last_s = time.monotonic() - t0
+        step = self.decoder.shadow(obs, stats.tokens, executed_live)
+        took_s = time.monotonic() - t0
+        self._durations.append(took_s)
         replayed = self._replay.step(step)
         msg = _message(shadow_fields(step, step_id, episode, obs.instruction,
                                      float(stats.latency_ms.get("total", math.nan))), stamp_s, self._frame_id)  # fmt: skip
@@ -116,13 +140,13 @@ class ShadowRunner:
         with self._lock:
             s = self._summary
             s.records += 1
-            self._total_ms += self._last_s * 1e3
+            self._total_ms += took_s * 1e3
             s.mean_ms = self._total_ms / s.records
             self._modes[replayed.mode] = self._modes.get(replayed.mode, 0) + 1
             if replayed.mode == "skip":
-                self._skip_bins = (self._skip_bins + [replayed.position_bins])[-SKIP_BINS_KEPT:]
+                self._skip_bins.append(replayed.position_bins)
                 self._skip_gripper += int(replayed.gripper_differs)
-        return ""
+        return True
 
     def failed(self) -> None:
         with self._lock:
@@ -135,8 +159,9 @@ class ShadowRunner:
             modes = " ".join(f"{k}:{v}" for k, v in sorted(self._modes.items())) or "-"
             skips = self._modes.get("skip", 0)
             return {
-                "shadow_method": self._shadow.cfg.method, "shadow_records": str(s.records),
-                "shadow_skipped_no_slack": str(s.skipped_no_slack), "shadow_failed": str(s.failed),
+                "shadow_method": self.decoder.cfg.method, "shadow_records": str(s.records),
+                "shadow_skipped_no_slack": str(s.skipped_no_slack), "shadow_skipped_database": str(s.skipped_database),
+                "shadow_failed": str(s.failed),
                 "shadow_mean_ms": f"{s.mean_ms:.1f}", "shadow_point_mode_mix": modes,
                 "shadow_point_skip_position_p95_bins": f"{np.percentile(bins, 95):.1f}" if bins else "nan",
                 "shadow_point_skip_gripper_disagreement": f"{self._skip_gripper / skips:.4f}" if skips else "nan",

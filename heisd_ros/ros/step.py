@@ -14,6 +14,7 @@ running).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Protocol
@@ -105,6 +106,7 @@ class StepRunner:
         self._config, self._clock_s, self._finger_gap = config, clock_s, finger_gap
         self._watchdog, self._outputs, self._gate = watchdog, outputs, gate
         self._status, self._logger, self._shadow = status, logger, shadow
+        self._pending_shadow: Callable[[], None] | None = None  # this step's shadow, run after its job ended
         self._episode: int | None = None  # the episode the decoder was last reset for
         self._step_id = 0
         self.health = (True, "not checked yet")
@@ -157,8 +159,9 @@ class StepRunner:
         if stats.fallback:
             self._status.fallback(stats.fallback)
         self._publish(job, action, stats, n)
-        if self._shadow is not None:  # after the outputs: the command never waits for it
-            self._run_shadow(job, obs, stats, n.control_period_s - (time.monotonic() - started))
+        if self._shadow is not None:  # after the job: the command never waits for it (InferenceWorker)
+            slack_s = n.control_period_s - (time.monotonic() - started)
+            self._pending_shadow = functools.partial(self._run_shadow, job, obs, stats, slack_s)
 
     def job_done(self) -> None:
         """A job ended, with or without a command (or was dropped): a later hang is reported again."""
@@ -257,11 +260,19 @@ class StepRunner:
         finally:  # a decoded step counts towards its goal's step limit even when publishing failed
             self._gate.stepped(job.episode, stats, latency_s, sent is not None)
 
+    def take_shadow(self) -> Callable[[], None] | None:
+        """The shadow of the step that just ended (shadow mode, after a published step), to run once
+        its job is over; None when there is none."""
+        pending, self._pending_shadow = self._pending_shadow, None
+        return pending
+
     def _run_shadow(self, job: Job, obs: Observation, stats: StepStats, slack_s: float) -> None:
         """Shadow mode on a published step; a failure costs the record, never the node its steps."""
+        if not self.health[0]:  # a database outage: the shadow's query would wait for the timeout
+            return self._shadow.pass_over(obs, getattr(self._decoder, "f_live", None), "database unhealthy")
         try:
             self._shadow.after_step(obs, stats, getattr(self._decoder, "f_live", None), stamp_s=job.synced.stamp_s,
                                     step_id=self._step_id, episode=job.episode, slack_s=slack_s)  # fmt: skip
-        except HeisdError as err:
+        except Exception as err:  # noqa: BLE001 - whatever the shadow raises, the executed step stands
             self._shadow.failed()
             self._status.report("shadow", WARN, f"shadow step failed: {type(err).__name__}: {err}")

@@ -45,6 +45,7 @@ class InferenceWorker:
         self._cv = threading.Condition()
         self._job: Job | None = None
         self._busy = False
+        self._shadowing = False  # shadow mode: the last step's shadow runs (after its job ended)
         self._job_started = 0.0  # monotonic time the current job was handed over, then taken
         self._feedback: list[bool] = []
         self._stop = False
@@ -83,13 +84,24 @@ class InferenceWorker:
         with self._cv:
             return time.monotonic() - self._job_started if self._busy else None
 
-    def submit(self, job: Job) -> None:
-        """Hand over the next job (the caller checked `running_s() is None`)."""
+    @property
+    def shadowing(self) -> bool:
+        """Shadow mode: the last step's shadow is running; a tick now is dropped (not a hang: the
+        step's job, which the watchdog times, has ended)."""
         with self._cv:
+            return self._shadowing
+
+    def submit(self, job: Job) -> bool:
+        """Hand over the next job (the caller checked `running_s() is None`); False, the job dropped,
+        when a shadow began in between."""
+        with self._cv:
+            if self._shadowing:
+                return False
             self._job = job
             self._busy = True
             self._job_started = time.monotonic()  # restarted when the worker takes it
             self._cv.notify_all()
+            return True
 
     def episode_result(self, success: bool) -> None:
         with self._cv:
@@ -148,6 +160,14 @@ class InferenceWorker:
         except Exception as err:
             self._status.problem("step_failed", ERROR, f"step failed: {describe(err)}")
         finally:
+            shadow = self._runner.take_shadow()
             self._runner.job_done()
             with self._cv:
                 self._busy = False
+                self._shadowing = shadow is not None
+        if shadow is not None:
+            try:
+                shadow()  # catches what it raises, reporting it
+            finally:
+                with self._cv:
+                    self._shadowing = False

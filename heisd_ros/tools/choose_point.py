@@ -189,7 +189,7 @@ def run(run_path: str, calibration_path: str, out_path: str, rule: PointRule) ->
 def run_shadow(bags: list[str], calibration_path: str, out_path: str, rule) -> dict[str, Any]:
     """The point from shadow recordings of the user's own arm (heisd_ros/pipeline/shadow_point.py):
     the calibration file's point and its variations replayed over the recorded episodes."""
-    from heisd_ros.pipeline.shadow_bags import read_shadow_bags
+    from heisd_ros.pipeline.shadow_bags import bag_digest, read_shadow_bags
     from heisd_ros.pipeline.shadow_point import choose as choose_from_shadow
 
     calibration = read_json(calibration_path, ConfigError)
@@ -198,10 +198,11 @@ def run_shadow(bags: list[str], calibration_path: str, out_path: str, rule) -> d
     label, point, figures = choose_from_shadow(base, episodes, rule)
     chosen = complete_point({"meta": copy.deepcopy(calibration.get("meta", {}))}, point)
     chosen["chosen_from"] = {"kind": "shadow_recordings", "bags": [str(b) for b in bags],
-                             "bag_digests": [file_digest(str(b)) for b in bags], "candidate": label,
+                             "bag_digests": [bag_digest(b) for b in bags], "candidate": label,
                              "calibration_digest": file_digest(calibration_path)}  # fmt: skip
     chosen.setdefault("meta", {})["chosen_point"] = {
-        "chosen": label, "bounds": asdict(rule), "episodes": len(episodes),
+        "chosen": label, "bounds": asdict(rule), "episodes": len({e.source for e in episodes}),
+        "runs": len(episodes),
         "steps": sum(len(e.steps) for e in episodes), "candidates": figures, "from_calibration": str(calibration_path),
     }  # fmt: skip
     save_calibration(chosen, out_path)
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="eval-libero report (.json) of a --purpose calibration run")
     source.add_argument("--shadow", nargs="+", metavar="BAG",
-                        help="rosbag2 recordings of the node's ~/shadow (shadow.method heisd) on your own arm")
+                        help="rosbag2 recordings of the node's shadow_steps (shadow.method heisd) on your own arm")
     p.add_argument("--calibration", required=True, help="the calibration file that run used")
     p.add_argument("--out", required=True, help="calibration file to write")
     d = PointRule()

@@ -10,7 +10,7 @@ import pytest
 from heisd_ros.core.errors import BagError
 from heisd_ros.core.shadow import ShadowHit, ShadowStep
 from heisd_ros.pipeline.bags import BagWriter, header
-from heisd_ros.pipeline.shadow_bags import MSGTYPE, read_shadow_bags, shadow_fields
+from heisd_ros.pipeline.shadow_bags import MSGTYPE, bag_digest, read_shadow_bags, shadow_fields
 
 TOPIC = "/policy_node/shadow"
 ARRAYS = {"executed_tokens": np.uint32, "hit_tokens": np.uint32, "hit_scores": np.float32,
@@ -27,14 +27,15 @@ def _record(t: int) -> ShadowStep:
                       retrieval_ms=0.5, drafter_ms=20.0, tree_ms=9.0)  # fmt: skip
 
 
-def _write(path, episodes: dict[int, list[ShadowStep]], mangle=None) -> None:
+def _write(path, episodes: dict[int, list[ShadowStep]], mangle=None, step_ids=None) -> None:
     with BagWriter(path) as bag:
         bag.add(TOPIC, MSGTYPE)
         cls = bag.ts.types[MSGTYPE]
         t_ns = 1_000_000_000
         for episode, records in episodes.items():
             for i, r in enumerate(records):
-                fields = shadow_fields(r, step_id=i + 1, episode=episode, instruction="pick", executed_ms=40.0)
+                step_id = step_ids[i] if step_ids else i + 1
+                fields = shadow_fields(r, step_id=step_id, episode=episode, instruction="pick", executed_ms=40.0)
                 if mangle:
                     mangle(fields)
                 fields = {k: np.asarray(v, dtype=ARRAYS[k]) if k in ARRAYS else v for k, v in fields.items()}
@@ -75,7 +76,8 @@ def test_choose_point_writes_the_point_chosen_from_shadow_recordings(tmp_path, c
     argv = ["--shadow", str(tmp_path / "shadow"), "--calibration", str(calibration), "--out", str(out)]
     assert choose_point.main(argv + ["--min-episodes", "3", "--min-steps", "24"]) == 0
     point = json.loads(out.read_text())
-    assert point["chosen_from"]["kind"] == "shadow_recordings" and len(point["chosen_from"]["bag_digests"]) == 1
+    assert point["chosen_from"]["kind"] == "shadow_recordings"
+    assert point["chosen_from"]["bag_digests"] == [bag_digest(tmp_path / "shadow")] != ["missing"]
     chosen = point["meta"]["chosen_point"]
     assert chosen["episodes"] == 3 and chosen["steps"] == 24 and chosen["chosen"] in chosen["candidates"]
     assert "expected" in capsys.readouterr().out
@@ -83,3 +85,18 @@ def test_choose_point_writes_the_point_chosen_from_shadow_recordings(tmp_path, c
     out.unlink()
     assert choose_point.main(argv) == 2 and not out.exists()
     assert "the rule needs at least 10 episodes" in capsys.readouterr().err
+
+
+def test_steps_that_were_not_shadowed_split_an_episode_into_runs_replayed_apart(tmp_path):
+    # slack mode passed over steps 4 and 5: the sequence a replay carries (consecutive skips, the
+    # live feature's lag, the source costs) breaks there, so the episode comes back as two runs
+    _write(tmp_path / "gaps", {7: [_record(t) for t in range(6)]}, step_ids=[1, 2, 3, 6, 7, 8])
+    runs = read_shadow_bags([tmp_path / "gaps"])
+    assert [len(r.steps) for r in runs] == [3, 3]
+    assert runs[0].source == runs[1].source == f"{tmp_path / 'gaps'}#7"  # one recorded episode
+
+
+def test_a_bag_digest_changes_with_its_records(tmp_path):
+    _write(tmp_path / "a", {1: [_record(t) for t in range(3)]})
+    _write(tmp_path / "b", {1: [_record(t) for t in range(4)]})
+    assert bag_digest(tmp_path / "a") == bag_digest(tmp_path / "a") != bag_digest(tmp_path / "b")

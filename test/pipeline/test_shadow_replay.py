@@ -30,7 +30,7 @@ def _steps(n: int, hits=lambda t: (_hit(),), f: float = 0.5) -> list[ShadowStep]
 
 
 def _point(**skip) -> DecoderConfig:
-    vs = VerifySkipConfig(min_similarity=0.98, max_distance_m=0.01, max_consecutive_skips=3, **skip)
+    vs = VerifySkipConfig(**{"min_similarity": 0.98, "max_distance_m": 0.01, "max_consecutive_skips": 3, **skip})
     return DecoderConfig(method="heisd", fused_metric=FusedMetricConfig(tau=0.0),
                          source_choice=SourceChoiceConfig(enabled=False), verify_skip=vs)  # fmt: skip
 
@@ -109,3 +109,20 @@ def test_a_recording_too_short_for_the_rule_is_refused_with_the_reason():
 
     with pytest.raises(ConfigError, match="3 episodes and 90 steps; the rule needs at least 10 episodes"):
         choose(_point(), _recording(3, 30), ShadowRule())
+
+
+def test_runs_of_one_recorded_episode_count_once_and_n_max_beyond_the_records_is_refused():
+    import dataclasses
+
+    from heisd_ros.core.config import ConfigError
+    from heisd_ros.core.shadow import LIVE_LAGS
+    from heisd_ros.pipeline.shadow_point import ShadowRule, choose, evaluate
+
+    # 12 runs of consecutive steps from 3 recorded episodes: 3 episodes for the rule, not 12
+    runs = [dataclasses.replace(e, source=f"bag#{i % 3}") for i, e in enumerate(_recording(12, 60))]
+    with pytest.raises(ConfigError, match="3 episodes and 720 steps"):
+        choose(_point(), runs, ShadowRule())
+    # a point that skips longer than the records hold live features for cannot be replayed exactly
+    beyond = evaluate(_point(max_consecutive_skips=LIVE_LAGS + 1), runs, ShadowRule())
+    assert not beyond["eligible"] and "beyond what the records replay" in beyond["why_refused"][0]
+

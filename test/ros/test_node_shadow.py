@@ -113,3 +113,15 @@ def test_a_period_without_slack_skips_the_shadow_and_counts_it(untrained_policy,
     records, skipped = int(diag["shadow_records"]), int(diag["shadow_skipped_no_slack"])
     assert records + skipped == STEPS and skipped >= STEPS - 1, diag
     assert len(got.get("/shadow_steps", [])) == records
+
+
+def test_the_shadow_is_not_part_of_the_step_the_watchdog_times(untrained_policy, bag, tmp_path):
+    # 200 Hz: the watchdog's budget is 3 periods, 15 ms; the tiny policy's ar step takes about 7 ms
+    # and the shadow after it about 30 ms. Were the shadow timed with the step, every step would
+    # trip the watchdog and its command be withheld.
+    # (heisd replay --fast widens the watchdog unless it is given)
+    row, got = replay_ar(untrained_policy, bag, tmp_path / "always", "shadow.method:=heisd", "shadow.when:=always",
+                         "control_rate_hz:=200.0", "watchdog_factor:=3.0")  # fmt: skip
+    assert row["commands"] == STEPS and len(got.get("/shadow_steps", [])) == STEPS, row
+    diag = _shadow_diagnostics(got)
+    assert diag["watchdog_trips"] == "0" and diag["shadow_records"] == str(STEPS), diag
