@@ -229,11 +229,30 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def point_variants(shipped: Path, named: list[str]) -> tuple[str, str]:
+    """(eval-libero --methods, --variants) for ar, heisd and each NAME=POINT_FILE whose verify-skip
+    differs from the shipped point's (choose-point --shadow varies only those fields)."""
+    base = json.loads(shipped.read_text())["verify_skip"]
+    methods, variants = ["ar", "heisd"], []
+    for item in named:
+        name, path = item.split("=", 1)
+        vs = json.loads(Path(path).read_text())["verify_skip"]
+        if any(vs[k] != base[k] for k in POINT_FIELDS):
+            methods.append(name)
+            variants.append(f"{name}=heisd:" + ",".join(f"verify_skip.{k}={json.dumps(vs[k])}" for k in POINT_FIELDS))
+    return ",".join(methods), ";".join(variants)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m heisd_libero.shadow_point_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default="artifacts/shadow_point")
     p.add_argument("--out", default="benchmarks/shadow_point", help="writes OUT.json and OUT.md")
+    p.add_argument("--variants", nargs="+", metavar=("SHIPPED", "NAME=POINT"),
+                   help="print eval-libero's methods and variants for these points (scripts/shadow_point_eval.sh)")
     args = p.parse_args(argv)
+    if args.variants:
+        print(*point_variants(Path(args.variants[0]), args.variants[1:]))
+        return 0
     report = build(Path(args.dir))
     Path(args.out + ".json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     Path(args.out + ".md").write_text(markdown(report) + "\n")

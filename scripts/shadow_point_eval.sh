@@ -4,8 +4,10 @@
 #   shadow: the node runs ar on the simulated arm (lockstep) with shadow.method heisd, 10 tasks x
 #           calibration init states 20-29 in their own scene set (shift 0.02 m, seed 73560, written
 #           into docs/eval_libero.md before the run), recording shadow_steps;
-#   choose: heisd choose-point --shadow over those recordings, from the shipped point's file;
-#   eval:   ar, heisd at the shipped (LIBERO-chosen) point and heisd at the shadow-chosen point in one
+#   choose: heisd choose-point --shadow over those recordings, from the shipped point's file (and over
+#           the first half alone: how the choice depends on the recording's length);
+#   eval:   ar, heisd at the shipped (LIBERO-chosen) point and heisd at each shadow-chosen point that
+#           differs from it, in one
 #           eval-libero run on the sealed scenes of the check run (init 40-41, shift 0.02 m, seed 4912),
 #           every lossy step shadowed by greedy ar: the skip steps' deviation under heisd's own execution;
 #   expert: the scripted expert's episodes at init states 30-31 as bags, replayed through the node with
@@ -35,22 +37,16 @@ fi
 
 if stage choose; then
     $H choose-point --shadow $S/shadow_a/ar $S/shadow_b/ar --calibration $SHIPPED --out $S/point_shadow.json
+    # how the choice depends on the recording's length: the first half alone (50 episodes)
+    $H choose-point --shadow $S/shadow_a/ar --calibration $SHIPPED --out $S/point_shadow_a.json
 fi
-
-# The shadow-chosen point as an eval-libero variant of heisd (it differs from the shipped point in
-# verify-skip's fields only: choose-point --shadow varies nothing else).
-shadow_variant() {
-    .venv/bin/python - "$S/point_shadow.json" <<'EOF'
-import json, sys
-vs = json.load(open(sys.argv[1]))["verify_skip"]
-fields = ("enabled", "min_similarity", "max_consecutive_skips", "max_bins_from_verified")
-print("heisd_shadow=heisd:" + ",".join(f"verify_skip.{k}={json.dumps(vs[k])}" for k in fields))
-EOF
-}
 
 if stage eval; then
     [ -d $E/db_b ] || cp -r $E/db $E/db_b
-    variant=$(shadow_variant)
+    # the shadow-chosen points as variants of heisd, each left out where it is the shipped point
+    read -r methods variants < <(.venv/bin/python -m heisd_libero.shadow_point_report --variants $SHIPPED \
+        heisd_shadow=$S/point_shadow.json heisd_shadow_a=$S/point_shadow_a.json)
+    echo "eval: methods $methods"
     pids=()
     for part in a:0-4:db b:5-9:db_b; do
         IFS=: read -r name tasks db <<< "$part"
@@ -58,14 +54,14 @@ if stage eval; then
             $W eval-libero --model $E/vla --drafter models/mini_libero/drafter --suite libero_object --max-steps 280 \
                 --seed 0 --threads 1 --no-progress --plots '' --db $E/$db --calibration $SHIPPED --tasks "$task" \
                 --init-states 40-41 --scene-shift-m 0.02 --scene-seed 4912 --shadow-strict-every 1 \
-                --methods ar,heisd,heisd_shadow --variants "$variant" --out $S/eval_$name.json >> $S/eval_$name.out 2>&1
+                --methods "$methods" --variants "$variants" --out $S/eval_$name.json >> $S/eval_$name.out 2>&1
         done &
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid"; done  # a failed shard fails the stage
     (head -n 1 $S/eval_a.jsonl; tail -q -n +2 $S/eval_a.jsonl $S/eval_b.jsonl) > $S/eval.jsonl
-    $W eval-libero --report-from $S/eval.jsonl --tasks 0-9 --init-states 40-41 --methods ar,heisd,heisd_shadow \
-        --variants "$variant" --out $S/eval.json --plots ''
+    $W eval-libero --report-from $S/eval.jsonl --tasks 0-9 --init-states 40-41 --methods "$methods" \
+        --variants "$variants" --out $S/eval.json --plots ''
 fi
 
 if stage expert; then
