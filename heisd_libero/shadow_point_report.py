@@ -86,17 +86,17 @@ def eval_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "episodes": r["episodes"], "successes": r["successes"], "success_ci95": r["success_rate_ci95"],
             "mean_step_ms": _round(r["mean_step_ms"], 2), "p95_step_ms": r["p95_step_ms"],
             "speedup_vs_ar": _round(r.get("speedup_vs_ar", 1.0)), "speedup_vs_ar_ci95": r.get("speedup_vs_ar_ci95"),
-            "episode_time_ratio": _round(r.get("episode_time_ratio", 1.0)), "p95_speedup_vs_ar": r.get("p95_speedup_vs_ar"),
+            "episode_time_ratio": _round(r.get("episode_time_ratio", 1.0)), "p95_speedup_vs_ar": _round(r.get("p95_speedup_vs_ar", 1.0), 2),
             "mode_mix": {k: _round(v) for k, v in r["mode_mix"].items()}, "contended_share": _round(r["contended_share"], 4),
             "skip_steps": skip.get("steps", 0), "skip_position_p95_bins": skip.get("position_p95_bins"),
-            "skip_gripper_disagreement": skip.get("gripper_disagreement"),
+            "skip_gripper_disagreement": _round(skip.get("gripper_disagreement"), 4),
             "strict_agreement": r.get("strict_agreement"), "paired_vs_ar": r.get("paired_vs_ar"),
         }  # fmt: skip
     return out
 
 
-def _bag_steps(bag: Path) -> tuple[list[float], list[tuple[float, ...]], list[str]]:
-    """(decode ms, action, mode) per step of a replay's output bag, by step_id."""
+def _bag_steps(bag: Path) -> dict[int, tuple[float, tuple[float, ...], str]]:
+    """step_id -> (decode ms, action, mode) of a replay's output bag (steps with both messages)."""
     from heisd_ros.pipeline.bags import read_messages
 
     ms, cmds = {}, {}
@@ -105,12 +105,13 @@ def _bag_steps(bag: Path) -> tuple[list[float], list[tuple[float, ...]], list[st
             ms[int(r.msg.step_id)] = float(r.msg.total_ms)
         elif r.topic == "/arm_command":
             cmds[int(r.msg.step_id)] = ((*r.msg.delta_position, *r.msg.delta_rotation, r.msg.gripper), r.msg.decode_mode)
-    ids = sorted(set(ms) & set(cmds))
-    return [ms[i] for i in ids], [cmds[i][0] for i in ids], [cmds[i][1] for i in ids]
+    return {i: (ms[i], *cmds[i]) for i in sorted(set(ms) & set(cmds))}
 
 
 def expert(d: Path, model_dir: Path) -> dict[str, Any] | None:
-    """The expert's bags: heisd at each point against ar on the same recorded steps (open loop)."""
+    """The expert's bags: heisd at each point against ar on the same recorded steps (open loop: the
+    trajectory is the expert's whatever heisd commands, so what the shadow replay predicted for a
+    point can be checked against what heisd did, step for step)."""
     from heisd_ros.core.action_tokenizer import ActionTokenizer, load_dataset_statistics, select_stats
 
     runs = sorted(p for p in (d / "expert_runs").glob("*") if (p / "ar" / "metadata.yaml").is_file())
@@ -122,63 +123,89 @@ def expert(d: Path, model_dir: Path) -> dict[str, Any] | None:
     def bins(a):
         return tok.encode(stats.normalise(np.asarray(a, dtype=np.float64)))
 
-    out: dict[str, Any] = {"bags": len(runs), "choice": choice(d / "point_expert.json"), "points": {}}
-    ar_eps = [_bag_steps(r / "ar") for r in runs]
+    ch = choice(d / "point_expert.json")
+    out: dict[str, Any] = {"bags": len(runs), "choice": ch, "points": {}}
+    ar_runs = [_bag_steps(r / "ar") for r in runs]
+    predicted = {"shipped": ch["shipped_figures"] if ch else None, "expert": ch["chosen_figures"] if ch else None}
     for name in ("shipped", "expert"):
-        eps = [_bag_steps(r / f"heisd_{name}") for r in runs if (r / f"heisd_{name}" / "metadata.yaml").is_file()]
-        if len(eps) != len(runs):
+        if not all((r / f"heisd_{name}" / "metadata.yaml").is_file() for r in runs):
             continue
-        skip_bins, skip_grip, modes = [], [], {}
-        for (_, ar_a, _), (_, me_a, me_m) in zip(ar_eps, eps):
-            for a, b, m in zip(ar_a, me_a, me_m):
+        me_runs = [_bag_steps(r / f"heisd_{name}") for r in runs]
+        skip_bins, skip_grip, modes, ar_eps, me_eps = [], [], {}, [], []
+        for ar, me in zip(ar_runs, me_runs):
+            ids = sorted(set(ar) & set(me))  # the same recorded steps, by step id
+            ar_eps.append([ar[i][0] for i in ids])
+            me_eps.append([me[i][0] for i in ids])
+            for i in ids:
+                a, b, m = ar[i][1], me[i][1], me[i][2]
                 modes[m] = modes.get(m, 0) + 1
                 if m == "skip":
                     skip_bins.append(int(np.abs(bins(a)[:3] - bins(b)[:3]).sum()))
-                    skip_grip.append(np.sign(a[6]) != np.sign(b[6]))
+                    skip_grip.append(bool(np.sign(a[6]) != np.sign(b[6])))
         total = sum(modes.values())
+        sp = speedup_figures(ar_eps, me_eps, paired=True)
+        pred = predicted[name] or {}
         out["points"][name] = {
-            **{k: _round(v) for k, v in speedup_figures([e[0] for e in ar_eps], [e[0] for e in eps], paired=True).items()
-               if not isinstance(v, list)},
-            "speedup_vs_ar_ci95": speedup_figures([e[0] for e in ar_eps], [e[0] for e in eps], paired=True)["speedup_vs_ar_ci95"],
-            "steps": total, "mode_mix": {k: _round(v / total) for k, v in modes.items()},
-            "skip_steps": len(skip_bins),
+            "speedup_vs_ar": _round(sp["speedup_vs_ar"]), "speedup_vs_ar_ci95": sp["speedup_vs_ar_ci95"],
+            "p95_speedup_vs_ar": _round(sp["p95_speedup_vs_ar"], 2), "steps": total,
+            "mode_mix": {k: _round(v / total) for k, v in modes.items()}, "skip_steps": len(skip_bins),
             "skip_position_p95_bins": float(np.percentile(skip_bins, 95)) if skip_bins else None,
             "skip_gripper_disagreement": _round(float(np.mean(skip_grip)), 4) if skip_grip else None,
+            "predicted_by_replay": {k: _round(pred.get(k), 4) for k in
+                                    ("skip_share", "skip_position_p95_bins", "skip_gripper_disagreement", "expected_speedup")},
         }  # fmt: skip
     return out
+
+
+def _eval_row(rows: dict[str, dict], ch: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The evaluation row of a shadow-chosen point: heisd's where it is the shipped point."""
+    return rows.get("heisd") if ch["chosen"] in ("base", SHIPPED_LABEL) else rows.get(name)
 
 
 def build(d: Path) -> dict[str, Any]:
     ev = _load(d / "eval.json")
     rows = eval_rows(ev) if ev else {}
-    ch = choice(d / "point_shadow.json")
+    choices = {"whole": choice(d / "point_shadow.json"), "first_half": choice(d / "point_shadow_a.json")}
     report: dict[str, Any] = {"command": "bash scripts/shadow_point_eval.sh", "git_rev": git_revision(),
                               "eval_git_rev": (ev or {}).get("_meta", {}).get("git_rev"),
-                              "shadow_runs": shadow_runs(d), "choice": ch, "eval": rows}  # fmt: skip
-    if rows and ch:
-        shipped, shadow = rows.get("heisd"), rows.get("heisd_shadow")
+                              "shadow_runs": shadow_runs(d), "choices": choices, "eval": rows}  # fmt: skip
+    shipped = rows.get("heisd")
+    if shipped and choices["whole"]:
+        points = [("shipped (LIBERO-chosen)", choices["whole"]["shipped_figures"], shipped)]
+        for key, name in (("whole", "heisd_shadow"), ("first_half", "heisd_shadow_a")):
+            ch = choices[key]
+            if ch is not None and _eval_row(rows, ch, name) is not None:
+                points.append((f"shadow-chosen, {key.replace('_', ' ')} ({ch['chosen']})", ch["chosen_figures"],
+                               _eval_row(rows, ch, name)))
         report["shift"] = {
             label: {"skip_share_in_shadow": _round(fig["skip_share"]),
                     "skip_share_executed": row["mode_mix"].get("skip", 0.0),
                     "skip_position_p95_bins_in_shadow": fig["skip_position_p95_bins"],
                     "skip_position_p95_bins_executed": row["skip_position_p95_bins"],
+                    "skip_gripper_in_shadow": _round(fig["skip_gripper_disagreement"], 4),
+                    "skip_gripper_executed": _round(row["skip_gripper_disagreement"], 4),
                     "expected_speedup_in_shadow": _round(fig["expected_speedup"]), "speedup_executed": row["speedup_vs_ar"]}
-            for label, fig, row in (("shipped", ch["shipped_figures"], shipped), ("shadow", ch["chosen_figures"], shadow))
-            if row is not None
+            for label, fig, row in points
         }  # fmt: skip
-        if shipped and shadow:
-            report["acceptance"] = {
-                "speedup_within_10pct_of_libero_point": shadow["speedup_vs_ar"] >= 0.9 * shipped["speedup_vs_ar"],
-                "success_within_5_points_of_libero_point": 100 * (shadow["successes"] - shipped["successes"])
-                / shadow["episodes"] >= -5,
-                "skip_position_p95_within_30_bins_executed": (shadow["skip_position_p95_bins"] or 0) <= 30,
+        report["acceptance"] = {}
+        for key, name in (("whole", "heisd_shadow"), ("first_half", "heisd_shadow_a")):
+            ch = choices[key]
+            row = _eval_row(rows, ch, name) if ch else None
+            if row is None:
+                continue
+            report["acceptance"][key] = {
+                "same_point_as_libero": ch["chosen"] in ("base", SHIPPED_LABEL),
+                "speedup_within_10pct_of_libero_point": row["speedup_vs_ar"] >= 0.9 * shipped["speedup_vs_ar"],
+                "success_within_5_points_of_libero_point": 100 * (row["successes"] - shipped["successes"])
+                / row["episodes"] >= -5,
+                "skip_position_p95_within_30_bins_executed": (row["skip_position_p95_bins"] or 0) <= 30,
             }  # fmt: skip
     report["expert"] = expert(d, Path("models/mini_libero/vla"))
     return report
 
 
-def _ci(ci) -> str:
-    return f"{ci[0]:.2f}–{ci[1]:.2f}" if ci else "–"
+def _ci(ci, digits: int = 2) -> str:
+    return f"{ci[0]:.{digits}f}–{ci[1]:.{digits}f}" if ci else "–"
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -187,44 +214,54 @@ def markdown(r: dict[str, Any]) -> str:
     s = r["shadow_runs"]
     lines += [f"**Shadow runs.** {s['scenes']}: {s['episodes']} episodes, {s['steps']} steps, {s['shadow_records']} "
               f"shadow records, ar {s['ar_successes']}/{s['episodes']}, contended share {s['contended_share']}.", ""]
-    ch = r["choice"]
-    if ch:
-        lines += [f"**Chosen** (`heisd choose-point --shadow`): `{ch['chosen']}` → {ch['point']}. "
-                  f"Expected speed-up {ch['chosen_figures']['expected_speedup']:.2f}x, skip share "
-                  f"{ch['chosen_figures']['skip_share']:.2f}, skip position p95 "
-                  f"{ch['chosen_figures']['skip_position_p95_bins']:.1f} bins in shadow; the shipped point there: "
-                  f"{ch['shipped_figures']['expected_speedup']:.2f}x, skip share {ch['shipped_figures']['skip_share']:.2f}, "
-                  f"p95 {ch['shipped_figures']['skip_position_p95_bins']:.1f} bins. Refused: {len(ch['refused'])} candidates.", ""]
+    for key, ch in r["choices"].items():
+        if ch:
+            lines += [f"**Chosen from the {key.replace('_', ' ')}** ({ch['recording']['episodes']} episodes, "
+                      f"{ch['recording']['steps']} steps; `heisd choose-point --shadow`): `{ch['chosen']}` → {ch['point']}. "
+                      f"In shadow: expected speed-up {ch['chosen_figures']['expected_speedup']:.2f}x, skip share "
+                      f"{ch['chosen_figures']['skip_share']:.2f}, skip position p95 "
+                      f"{ch['chosen_figures']['skip_position_p95_bins']:.1f} bins, gripper "
+                      f"{100 * ch['chosen_figures']['skip_gripper_disagreement']:.2f} %; the shipped point there: "
+                      f"{ch['shipped_figures']['expected_speedup']:.2f}x, {ch['shipped_figures']['skip_share']:.2f}, "
+                      f"{ch['shipped_figures']['skip_position_p95_bins']:.1f} bins, "
+                      f"{100 * ch['shipped_figures']['skip_gripper_disagreement']:.2f} %"
+                      + (f" ({'; '.join(ch['shipped_figures']['why_refused'])})" if ch['shipped_figures']['why_refused'] else "")
+                      + f". {len(ch['refused'])} of the candidates refused.", ""]
     if r["eval"]:
         lines += ["**Sealed scenes** (check run's set: 10 tasks × init 40–41, shift 0.02 m, seed 4912), one eval-libero run:", "",
                   "| method | success (95 % CI) | mean step | speedup (95 % CI) | per episode | p95 | skip steps | skip pos p95 | gripper | modes | contended |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, x in r["eval"].items():
-            lines.append(f"| {name} | {x['successes']}/{x['episodes']} ({_ci([100 * v for v in x['success_ci95']])} %) | "
+            lines.append(f"| {name} | {x['successes']}/{x['episodes']} ({_ci([100 * v for v in x['success_ci95']], 0)} %) | "
                          f"{x['mean_step_ms']} ms | {x['speedup_vs_ar']}x ({_ci(x['speedup_vs_ar_ci95'])}) | "
                          f"{x['episode_time_ratio']}x | {x['p95_speedup_vs_ar']} | {x['skip_steps']} | "
                          f"{x['skip_position_p95_bins']} | {x['skip_gripper_disagreement']} | {x['mode_mix']} | {x['contended_share']} |")
         lines.append("")
     if r.get("shift"):
         lines += ["**Shadow against execution** (the distribution shift): skip steps seen along ar's trajectory "
-                  "(replayed) against heisd's own (measured against greedy ar on its observations):", "",
-                  "| point | skip share shadow / executed | skip pos p95 shadow / executed | speed-up expected / measured |",
-                  "|---|---|---|---|"]
+                  "(replayed over the recording) against heisd's own (measured against greedy ar on its observations):", "",
+                  "| point | skip share shadow / executed | skip pos p95 shadow / executed | gripper shadow / executed | speed-up expected / measured |",
+                  "|---|---|---|---|---|"]
         for label, x in r["shift"].items():
             lines.append(f"| {label} | {x['skip_share_in_shadow']} / {x['skip_share_executed']} | "
                          f"{x['skip_position_p95_bins_in_shadow']} / {x['skip_position_p95_bins_executed']} | "
+                         f"{x['skip_gripper_in_shadow']} / {x['skip_gripper_executed']} | "
                          f"{x['expected_speedup_in_shadow']} / {x['speedup_executed']} |")
         lines.append("")
     if r.get("acceptance"):
-        lines += ["**Acceptance** (issue targets): " + ", ".join(f"{k}: {v}" for k, v in r["acceptance"].items()), ""]
+        for key, acc in r["acceptance"].items():
+            lines += [f"**Against the LIBERO point, {key.replace('_', ' ')}'s choice:** " + ", ".join(f"{k}: {v}" for k, v in acc.items()), ""]
     e = r.get("expert")
     if e:
         lines += [f"**The expert's bags** ({e['bags']} episodes at init 30–31, open loop through the node): "
                   + (f"chosen `{e['choice']['chosen']}` → {e['choice']['point']}" if e["choice"] else "no choice"), "",
-                  "| point | speedup (95 % CI) | p95 | skip steps | skip pos p95 vs ar | gripper | modes |", "|---|---|---|---|---|---|---|"]
+                  "| point | speedup (95 % CI) | p95 | skip steps | skip pos p95 vs ar | gripper | modes | replay predicted: skip share, pos p95, gripper, speed-up |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name, x in e["points"].items():
+            p = x["predicted_by_replay"]
             lines.append(f"| {name} | {x['speedup_vs_ar']}x ({_ci(x['speedup_vs_ar_ci95'])}) | {x['p95_speedup_vs_ar']} | "
-                         f"{x['skip_steps']} | {x['skip_position_p95_bins']} | {x['skip_gripper_disagreement']} | {x['mode_mix']} |")
+                         f"{x['skip_steps']} | {x['skip_position_p95_bins']} | {x['skip_gripper_disagreement']} | {x['mode_mix']} | "
+                         f"{p['skip_share']}, {p['skip_position_p95_bins']}, {p['skip_gripper_disagreement']}, {p['expected_speedup']} |")
         lines.append("")
     return "\n".join(lines)
 

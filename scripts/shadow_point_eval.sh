@@ -70,24 +70,22 @@ if stage expert; then
         --out $S/expert
     node=(--start-node --fast --params-file config/policy.yaml -p model_dir:=models/mini_libero/vla
           -p drafter_dir:=models/mini_libero/drafter -p db_path:=$E/db -p image_staleness_s:=5.0 -p pose_staleness_s:=5.0)
+    # $1 bag, $2 output name, then replay flags; kept when it finished (a rerun continues)
+    replay() {
+        local bag=$1 out=$S/expert_runs/$(basename "$(dirname "$1")")_$(basename "$1")/$2
+        shift 2
+        [ -f $out/metadata.yaml ] || { rm -rf $out; $H replay "$bag" "${node[@]}" --quiet --out $out "$@"; }
+    }
+    # ar executing with the shadow: the recording the point is chosen from, and ar's commands and step
+    # times on each bag (the shadow runs after a step and changes no command: test/ros/test_node_shadow.py)
     for bag in $S/expert/libero_object/bags/*/*; do
-        out=$S/expert_runs/$(basename "$(dirname "$bag")")_$(basename "$bag")
-        [ -f $out/ar_shadow/metadata.yaml ] || rm -rf $out/ar_shadow
-        [ -d $out/ar_shadow ] || $H replay "$bag" "${node[@]}" --method ar --quiet \
-            -p calibration_path:=$SHIPPED -p shadow.method:=heisd -p shadow.when:=always --out $out/ar_shadow
+        replay "$bag" ar --method ar -p calibration_path:=$SHIPPED -p shadow.method:=heisd -p shadow.when:=always
     done
-    $H choose-point --shadow $S/expert_runs/*/ar_shadow --calibration $SHIPPED --out $S/point_expert.json
+    $H choose-point --shadow $S/expert_runs/*/ar --calibration $SHIPPED --out $S/point_expert.json
+    expert_differs=$(.venv/bin/python -m heisd_libero.shadow_point_report --variants $SHIPPED x=$S/point_expert.json)
     for bag in $S/expert/libero_object/bags/*/*; do
-        out=$S/expert_runs/$(basename "$(dirname "$bag")")_$(basename "$bag")
-        for point in shipped:$SHIPPED expert:$S/point_expert.json; do
-            IFS=: read -r name file <<< "$point"
-            [ -f $out/heisd_$name/metadata.yaml ] || rm -rf $out/heisd_$name
-            [ -d $out/heisd_$name ] || $H replay "$bag" "${node[@]}" --method heisd --quiet \
-                -p calibration_path:=$file --out $out/heisd_$name --json $out/heisd_$name.json
-        done
-        [ -f $out/ar/metadata.yaml ] || rm -rf $out/ar
-        [ -d $out/ar ] || $H replay "$bag" "${node[@]}" --method ar --quiet -p calibration_path:=$SHIPPED \
-            --out $out/ar --json $out/ar.json
+        replay "$bag" heisd_shipped --method heisd -p calibration_path:=$SHIPPED
+        case $expert_differs in *x=heisd*) replay "$bag" heisd_expert --method heisd -p calibration_path:=$S/point_expert.json ;; esac
     done
 fi
 
