@@ -29,6 +29,7 @@ from heisd_ros.pipeline.figures import speedup_figures
 from heisd_ros.pipeline.libero_runs import class_figures
 from heisd_ros.pipeline.outputs import git_revision
 
+LABELS = {"whole": "the whole recording", "first_half": "its first half"}
 POINT_FIELDS = ("min_similarity", "max_consecutive_skips", "max_bins_from_verified", "enabled")
 SHIPPED_LABEL = "min_S=0.98 N_max=3 from_verified=20"
 """The shipped point among choose-point's candidates (its base is the shipped file: also 'base')."""
@@ -175,7 +176,7 @@ def build(d: Path) -> dict[str, Any]:
         for key, name in (("whole", "heisd_shadow"), ("first_half", "heisd_shadow_a")):
             ch = choices[key]
             if ch is not None and _eval_row(rows, ch, name) is not None:
-                points.append((f"shadow-chosen, {key.replace('_', ' ')} ({ch['chosen']})", ch["chosen_figures"],
+                points.append((f"chosen from {LABELS[key]} ({ch['chosen']})", ch["chosen_figures"],
                                _eval_row(rows, ch, name)))
         report["shift"] = {
             label: {"skip_share_in_shadow": _round(fig["skip_share"]),
@@ -216,7 +217,7 @@ def markdown(r: dict[str, Any]) -> str:
               f"shadow records, ar {s['ar_successes']}/{s['episodes']}, contended share {s['contended_share']}.", ""]
     for key, ch in r["choices"].items():
         if ch:
-            lines += [f"**Chosen from the {key.replace('_', ' ')}** ({ch['recording']['episodes']} episodes, "
+            lines += [f"**Chosen from {LABELS[key]}** ({ch['recording']['episodes']} episodes, "
                       f"{ch['recording']['steps']} steps; `heisd choose-point --shadow`): `{ch['chosen']}` → {ch['point']}. "
                       f"In shadow: expected speed-up {ch['chosen_figures']['expected_speedup']:.2f}x, skip share "
                       f"{ch['chosen_figures']['skip_share']:.2f}, skip position p95 "
@@ -250,7 +251,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append("")
     if r.get("acceptance"):
         for key, acc in r["acceptance"].items():
-            lines += [f"**Against the LIBERO point, {key.replace('_', ' ')}'s choice:** " + ", ".join(f"{k}: {v}" for k, v in acc.items()), ""]
+            lines += [f"**The point chosen from {LABELS[key]} against the LIBERO point** (the issue's targets): "
+                      + ", ".join(f"{k}: {v}" for k, v in acc.items()), ""]
     e = r.get("expert")
     if e:
         lines += [f"**The expert's bags** ({e['bags']} episodes at init 30–31, open loop through the node): "
