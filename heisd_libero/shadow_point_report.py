@@ -265,7 +265,24 @@ def markdown(r: dict[str, Any]) -> str:
                          f"{x['skip_steps']} | {x['skip_position_p95_bins']} | {x['skip_gripper_disagreement']} | {x['mode_mix']} | "
                          f"{p['skip_share']}, {p['skip_position_p95_bins']}, {p['skip_gripper_disagreement']}, {p['expected_speedup']} |")
         lines.append("")
+        lines += _shortfall(e)
     return "\n".join(lines)
+
+
+def _shortfall(e: dict[str, Any]) -> list[str]:
+    """Where heisd's skip steps on the expert's bags exceed the bound: by how much, and the candidate a
+    rule keeping the replay's own error as a margin would have chosen."""
+    x, ch = e["points"].get("shipped" if e["choice"]["chosen"] in ("base", SHIPPED_LABEL) else "expert"), e["choice"]
+    if not x or x["skip_position_p95_bins"] is None or x["skip_position_p95_bins"] <= 30:
+        return []
+    got, pred = x["skip_position_p95_bins"], x["predicted_by_replay"]["skip_position_p95_bins"]
+    margin = got - pred
+    safer = [(k, v) for k, v in ch["top_eligible"].items() if v["skip_position_p95_bins"] <= 30 - margin]
+    alt = f"`{safer[0][0]}` (expected {safer[0][1]['expected_speedup']:.2f}x)" if safer else "none of the five fastest"
+    return [f"**Shortfall.** On these bags heisd's skip steps at the chosen point reached position p95 {got:g} bins, "
+            f"{got - 30:g} over the bound, where the replay predicted {pred:g}: the replay's own error here (one cause: a verified step's "
+            f"live feature is heisd's own there, ar's in the replay) is {margin:g} bins. A rule that kept that margin "
+            f"(replayed p95 ≤ {30 - margin:g}) would have chosen {alt}.", ""]
 
 
 def point_variants(shipped: Path, named: list[str]) -> tuple[str, str]:
