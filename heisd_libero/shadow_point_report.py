@@ -45,18 +45,19 @@ def _round(x: Any, n: int = 3) -> Any:
 
 def shadow_runs(d: Path) -> dict[str, Any]:
     """The shadow episodes: ar through the node with the shadow recording, both halves together."""
-    eps, records, contended = [], 0, []
+    eps, records, contended, revs = [], 0, [], []
     for half in ("a", "b"):
         r = _load(d / f"shadow_{half}.json")
         if r is None:
             continue
+        revs.append(r.get("git_rev"))
         m = r["methods"]["ar"]
         eps += m["episodes"]
         records += m.get("shadow_records", 0)
         contended.append((m["summary"]["contended_share"] or 0.0, len(m["episodes"])))
     steps = sum(e["steps"] for e in eps)
     return {"episodes": len(eps), "ar_successes": sum(e["success"] for e in eps), "steps": steps,
-            "shadow_records": records,
+            "shadow_records": records, "git_revs": revs,
             "contended_share": _round(sum(c * n for c, n in contended) / max(1, sum(n for _, n in contended)), 4),
             "scenes": "LIBERO-Object tasks 0-9 x init states 20-29, shift 0.02 m, seed 73560, lockstep through the node"}  # fmt: skip
 
@@ -214,7 +215,8 @@ def markdown(r: dict[str, Any]) -> str:
              f"Command: `{r['command']}` (report at git `{r['git_rev']}`, evaluation at `{r['eval_git_rev']}`).", ""]
     s = r["shadow_runs"]
     lines += [f"**Shadow runs.** {s['scenes']}: {s['episodes']} episodes, {s['steps']} steps, {s['shadow_records']} "
-              f"shadow records, ar {s['ar_successes']}/{s['episodes']}, contended share {s['contended_share']}.", ""]
+              f"shadow records, ar {s['ar_successes']}/{s['episodes']}, contended share {s['contended_share']} "
+              f"(git {', '.join(f'`{str(v)[:7]}`' for v in s['git_revs'])}).", ""]
     for key, ch in r["choices"].items():
         if ch:
             lines += [f"**Chosen from {LABELS[key]}** ({ch['recording']['episodes']} episodes, "
