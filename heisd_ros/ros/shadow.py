@@ -78,7 +78,7 @@ class ShadowSummary:
     skipped_no_slack: int = 0
     skipped_database: int = 0
     failed: int = 0
-    mean_ms: float = math.nan
+    total_ms: float = 0.0
 
 
 class ShadowRunner:
@@ -97,7 +97,6 @@ class ShadowRunner:
         self._durations: deque[float] = deque([estimate_s], maxlen=self.DURATIONS_KEPT)
         self._lock = threading.Lock()  # the diagnostics timer reads what the inference thread writes
         self._summary = ShadowSummary()
-        self._total_ms = 0.0
         self._modes: dict[str, int] = {}
         self._skip_bins: deque[float] = deque(maxlen=SKIP_BINS_KEPT)
         self._skip_gripper = 0
@@ -140,8 +139,7 @@ class ShadowRunner:
         with self._lock:
             s = self._summary
             s.records += 1
-            self._total_ms += took_s * 1e3
-            s.mean_ms = self._total_ms / s.records
+            s.total_ms += took_s * 1e3
             self._modes[replayed.mode] = self._modes.get(replayed.mode, 0) + 1
             if replayed.mode == "skip":
                 self._skip_bins.append(replayed.position_bins)
@@ -162,7 +160,7 @@ class ShadowRunner:
                 "shadow_method": self.decoder.cfg.method, "shadow_records": str(s.records),
                 "shadow_skipped_no_slack": str(s.skipped_no_slack), "shadow_skipped_database": str(s.skipped_database),
                 "shadow_failed": str(s.failed),
-                "shadow_mean_ms": f"{s.mean_ms:.1f}", "shadow_point_mode_mix": modes,
+                "shadow_mean_ms": f"{s.total_ms / s.records:.1f}" if s.records else "nan", "shadow_point_mode_mix": modes,
                 "shadow_point_skip_position_p95_bins": f"{np.percentile(bins, 95):.1f}" if bins else "nan",
                 "shadow_point_skip_gripper_disagreement": f"{self._skip_gripper / skips:.4f}" if skips else "nan",
             }  # fmt: skip
