@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from heisd_ros.core.config import DecoderConfig
@@ -116,12 +117,21 @@ def test_a_period_without_slack_skips_the_shadow_and_counts_it(untrained_policy,
 
 
 def test_the_shadow_is_not_part_of_the_step_the_watchdog_times(untrained_policy, bag, tmp_path):
-    # 200 Hz: the watchdog's budget is 3 periods, 15 ms; the tiny policy's ar step takes about 7 ms
-    # and the shadow after it about 30 ms. Were the shadow timed with the step, every step would
-    # trip the watchdog and its command be withheld.
-    # (heisd replay --fast widens the watchdog unless it is given)
+    # The watchdog's budget is set between the slowest ar step and an ar step with its shadow, both
+    # measured first on this machine (machines differ in speed by more than the margin a fixed budget
+    # would leave). Were the shadow timed with the step, every step would trip the watchdog and its
+    # command be withheld. (heisd replay --fast widens the watchdog unless it is given.)
+    _, timed = replay_ar(untrained_policy, bag, tmp_path / "measured", "shadow.method:=heisd", "shadow.when:=always",
+                         "watchdog_factor:=100.0")  # fmt: skip
+    records = timed["/shadow_steps"]
+    step_ms = [r.executed_ms for r in records]
+    shadow_ms = [float(np.nansum([r.vision_ms, r.retrieval_ms, r.drafter_ms, r.tree_ms])) for r in records]
+    slowest_step, with_shadow = max(step_ms), float(np.median(step_ms) + np.median(shadow_ms))
+    assert with_shadow > 2.0 * slowest_step, (step_ms, shadow_ms)  # room for a budget between them
+    budget_ms = math.sqrt(slowest_step * with_shadow)
+    period_ms = 5.0  # 200 Hz: several ticks fall inside each shadow and are dropped, not counted as hangs
     row, got = replay_ar(untrained_policy, bag, tmp_path / "always", "shadow.method:=heisd", "shadow.when:=always",
-                         "control_rate_hz:=200.0", "watchdog_factor:=3.0")  # fmt: skip
-    assert row["commands"] == STEPS and len(got.get("/shadow_steps", [])) == STEPS, row
+                         f"control_rate_hz:={1e3 / period_ms}", f"watchdog_factor:={budget_ms / period_ms}")  # fmt: skip
+    assert row["commands"] == STEPS and len(got.get("/shadow_steps", [])) == STEPS, (row, budget_ms)
     diag = _shadow_diagnostics(got)
-    assert diag["watchdog_trips"] == "0" and diag["shadow_records"] == str(STEPS), diag
+    assert diag["watchdog_trips"] == "0" and diag["shadow_records"] == str(STEPS), (diag, budget_ms)
