@@ -6,7 +6,7 @@
 # written into models/mini_libero (commit it), then every method at that committed point on all 10
 # tasks x init states 40-49 (the ablations on 40-42), as two shards on two cores.
 # Every stage is resumable: rerun the script after an interruption and it continues where it stopped.
-#   STAGE=db|loop|fit|point|choose|eval|report bash scripts/libero_object_eval.sh   (default: all, in order)
+#   STAGE=db|loop|fit|point|choose|eval|node|report bash scripts/libero_object_eval.sh   (default: all, in order)
 #   STAGE=refine: candidates around the committed point, chosen and published by the same rule
 #   STAGE=checks: verify-skip's agreement checks from a shadowed calibration run; STAGE=check: the check run
 # A run longer than a working session whose machine keeps nothing but commits: STAGE=checkpoint
@@ -193,6 +193,14 @@ if stage eval; then
     shards $E/eval 40-49 models/mini_libero/calibration.json ar,drafter,specvla,retrieval,heisd \
         "$ABLATIONS;heisd_taufit=heisd:fused_metric.tau=$taufit" --subset-methods $SUBSET --subset-init-states 40-42 \
         "${SEALED[@]}"
+fi
+
+# Where the arm feels it: ar and heisd at the shipped point through policy_node and the simulated arm in
+# arm time at 20 Hz (the arm moves while the policy thinks) on 20 of the sealed scenes (init 40-41):
+# frame-to-command age, task time, success. One process at a time (the timings are the point).
+if stage node; then
+    $W sim-episodes --methods ar,heisd --tasks 0-9 --init-states 40-41 "${SEALED[@]}" --time-mode arm_time \
+        --latency-scale 1 --db-path $E/db --log-dir $E/node_logs --out benchmarks/libero_object_node.json
 fi
 
 if stage report; then
