@@ -99,7 +99,8 @@ class SimObservation:
 
     images: view -> RGB uint8 [H, W, 3] upright (empty when not rendered).
     ee_pos [3] m, ee_quat [4] (x, y, z, w) of robosuite's eef, ee_rot [3, 3] of the grip site,
-    gripper_qpos [2] finger joints (m), joint_pos [7] rad, objects: name -> ObjectPose.
+    gripper_qpos [2] finger joints (m), joint_pos [7] rad, objects: name -> ObjectPose of every movable
+    object, every fixture other than the table or floor (a cabinet, a stove) and every region site.
     """
 
     images: dict[str, np.ndarray]
@@ -144,6 +145,40 @@ def xy_shifts_m(max_shift_m: float, seed: int, count: int) -> np.ndarray:
     if max_shift_m <= 0:
         return np.zeros((count, 2))
     return np.random.default_rng(seed).uniform(-max_shift_m, max_shift_m, size=(count, 2))
+
+
+GROUND_FIXTURES = ("table", "floor")
+"""Fixture categories objects stand on when nothing else holds them (a kitchen table, LIBERO-Object's floor)."""
+
+
+def shift_sources(movable: list[str], initial_state: list, site_owner: dict[str, str | None],
+                  fixture_category: dict[str, str]) -> list[int | None]:
+    """For each movable object (the env's order), the index of the `xy_shifts_m` draw it takes, or
+    None when it does not move.
+
+    An object that starts on the ground (a region of the table or floor, per the task's `:init`)
+    takes its own draw; one that starts on or in another movable object takes its support's draw
+    (a bowl on a cookie box moves with the box, not off it); one in or on any other fixture (a
+    drawer, a cabinet's top, a stove) stays put: fixtures never move, and a shift would start it
+    inside a drawer wall. Without an `:init` entry an object takes its own draw."""
+    index = {name: i for i, name in enumerate(movable)}
+    support: dict[str, str] = {}
+    for pred in initial_state:
+        if len(pred) == 3 and str(pred[0]).lower() in ("on", "in") and str(pred[1]) in index:
+            support[str(pred[1])] = str(pred[2])
+
+    def source(name: str, seen: frozenset[str]) -> int | None:
+        under = support.get(name)
+        if under is None or name in seen:
+            return index[name]
+        owner = under if under in index or under in fixture_category else site_owner.get(under) or under
+        if owner in index:
+            return source(owner, seen | {name})
+        if owner in fixture_category and not fixture_category[owner].endswith(GROUND_FIXTURES):
+            return None
+        return index[name]
+
+    return [source(name, frozenset()) for name in movable]
 
 
 def scene_shift_seed(scene_seed: int, task_index: int, init_state_index: int) -> int:
@@ -202,6 +237,8 @@ class LiberoEnv:
         self._site_owner = {
             name: getattr(site, "parent_name", None) for name, site in inner.object_sites_dict.items()
         }
+        self._fixture_category = {name: str(category) for category, names in self.problem.get("fixtures", {}).items()
+                                  for name in names}  # fmt: skip
         self._env.seed(0)
 
     # -- properties -------------------------------------------------------------------------
@@ -303,7 +340,10 @@ class LiberoEnv:
         obs = inner._get_observations(force_update=True)
         data = self.sim.data
         site = self.sim.model.site_name2id(GRIP_SITE)
-        objects = {name: self._object_pose(name) for name in inner.objects_dict}
+        objects = {name: self._object_pose(inner.objects_dict[name].root_body) for name in inner.objects_dict}
+        for name, fixture in inner.fixtures_dict.items():  # a cabinet, a stove: obstacles and supports
+            if self._fixture_category.get(name) not in GROUND_FIXTURES:
+                objects[name] = self._object_pose(fixture.root_body)
         for region, owner in self._site_owner.items():
             if owner in objects:
                 objects[region] = self._region_pose(region, objects[owner])
@@ -318,10 +358,10 @@ class LiberoEnv:
             instruction=self.instruction,
         )
 
-    def _object_pose(self, name: str) -> ObjectPose:
+    def _object_pose(self, root_body: str) -> ObjectPose:
         mj = self._mj
         model, data = self.sim.model._model, self.sim.data._data
-        body = mj.mj_name2id(model, mj.mjtObj.mjOBJ_BODY, self._env.env.objects_dict[name].root_body)
+        body = mj.mj_name2id(model, mj.mjtObj.mjOBJ_BODY, root_body)
         pos = data.xpos[body].copy()
         rot = data.xmat[body].reshape(3, 3).copy()
         corners = self._geom_corners(model, data, body)
@@ -356,17 +396,23 @@ class LiberoEnv:
         return ObjectPose(pos=pos, quat=owner.quat, rot=owner.rot, center=owner.center, half_extents=owner.half_extents)
 
     def _perturb_objects(self, max_shift_m: float, seed: int) -> None:
-        """Add `xy_shifts_m(max_shift_m, seed, n)` to the x, y of the n free-jointed (movable) objects."""
+        """Shift the x, y of the n free-jointed (movable) objects by `xy_shifts_m(max_shift_m, seed, n)`,
+        each by the draw `shift_sources` gives it (a stacked object moves with its support)."""
         mj = self._mj
         model = self.sim.model._model
         qpos = self.sim.data._data.qpos
-        addresses = []
-        for obj in self._env.env.objects_dict.values():
+        movable, addresses = [], []
+        for name, obj in self._env.env.objects_dict.items():
             for joint_name in getattr(obj, "joints", []):
                 joint = mj.mj_name2id(model, mj.mjtObj.mjOBJ_JOINT, joint_name)
                 if joint >= 0 and model.jnt_type[joint] == mj.mjtJoint.mjJNT_FREE:
+                    movable.append(name)
                     addresses.append(int(model.jnt_qposadr[joint]))
-        for adr, shift in zip(addresses, xy_shifts_m(max_shift_m, seed, len(addresses))):
-            qpos[adr : adr + 2] += shift
+        shifts = xy_shifts_m(max_shift_m, seed, len(addresses))
+        sources = shift_sources(movable, self.problem.get("initial_state", []), self._site_owner,
+                                self._fixture_category)  # fmt: skip
+        for adr, src in zip(addresses, sources):
+            if src is not None:
+                qpos[adr : adr + 2] += shifts[src]
         self.sim.forward()
 

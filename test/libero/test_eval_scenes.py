@@ -13,7 +13,7 @@ import pytest
 from fake_decoder import FakeDecoder
 
 from heisd_ros.core.errors import ConfigError
-from heisd_libero.sim.libero_env import scene_shift_seed, xy_shifts_m
+from heisd_libero.sim.libero_env import scene_shift_seed, shift_sources, xy_shifts_m
 from heisd_libero import eval_libero
 from heisd_libero.eval_config import EvalLiberoConfig
 from heisd_libero.eval_episodes import run_pair
@@ -40,6 +40,27 @@ def test_the_shift_draws_what_gen_demos_perturbed_resets_always_drew() -> None:
     rng = np.random.default_rng(5)
     one_by_one = np.array([rng.uniform(-0.02, 0.02, size=2) for _ in range(4)])
     np.testing.assert_array_equal(xy_shifts_m(0.02, 5, 4), one_by_one)
+
+
+def test_a_stacked_object_moves_with_its_support_and_one_on_a_fixture_stays() -> None:
+    """LIBERO-Spatial's scenes stack bowls on a cookie box or a ramekin and put them in a drawer or on a
+    stove; LIBERO-Object's stand on the floor (each takes its own draw, as it always did)."""
+    owner = {"main_table_box_region": "main_table", "main_table_plate_region": "main_table",
+             "wooden_cabinet_1_top_region": "wooden_cabinet_1", "flat_stove_1_cook_region": "flat_stove_1",
+             "floor_bin_region": "floor"}  # fmt: skip
+    category = {"main_table": "table", "wooden_cabinet_1": "wooden_cabinet", "flat_stove_1": "flat_stove",
+                "floor": "floor"}  # fmt: skip
+    movable = ["bowl_1", "bowl_2", "cookies_1", "plate_1", "bowl_3", "cup_1"]
+    init = [["on", "bowl_1", "cookies_1"], ["in", "bowl_2", "wooden_cabinet_1_top_region"],
+            ["on", "cookies_1", "main_table_box_region"], ["on", "plate_1", "main_table_plate_region"],
+            ["on", "bowl_3", "flat_stove_1_cook_region"], ["open", "wooden_cabinet_1_top_region"]]  # fmt: skip
+    assert shift_sources(movable, init, owner, category) == [2, None, 2, 3, None, 5]  # cup_1: no :init entry
+    chain = [["on", "a", "b"], ["on", "b", "c"], ["on", "c", "floor_bin_region"]]
+    assert shift_sources(["a", "b", "c"], chain, owner, category) == [2, 2, 2]
+    loop = [["on", "a", "b"], ["on", "b", "a"]]  # malformed: no endless recursion, own draws
+    assert shift_sources(["a", "b"], loop, owner, category) == [0, 1]
+    on_floor = [["on", n, "floor_bin_region"] for n in movable]
+    assert shift_sources(movable, on_floor, owner, category) == list(range(len(movable)))
 
 
 class _Env:
