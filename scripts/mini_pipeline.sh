@@ -1,25 +1,33 @@
 #!/bin/bash
-# Rebuild the LIBERO-Object mini policy (docs/mini_vla.md): expert demos -> mini VLA -> state prior
+# Rebuild a LIBERO suite's mini policy (docs/mini_vla.md): expert demos -> mini VLA -> state prior
 # -> screen, then drafter + database -> calibration. Run from the repository root after `make setup`.
 # About 2 h on 2 cores. Every stage is resumable or cached: rerun the same command after an
 # interruption. STAGE=demos|vla|prior|screen|drafter|calibrate runs one stage (default: all).
-# OUT=artifacts by default; STEPS=3000 VLA steps; PUBLISH=1 also replaces the committed models/mini_libero
-# (STAGE=publish PUBLISH=1: that alone); STAGE=published screens the committed copy.
+# SUITE=libero_object (default; OUT=artifacts, published to models/mini_libero) or libero_spatial
+# (OUT=artifacts/libero_spatial, models/mini_libero_spatial); STEPS=3000 VLA steps; PUBLISH=1 also
+# replaces the committed copy (STAGE=publish PUBLISH=1: that alone); STAGE=published screens it.
 set -euo pipefail
 H=".venv/bin/python -m heisd_ros.tools.cli"  # heisd: the node's commands
 W=".venv/bin/python -m heisd_libero"  # heisd-libero: the LIBERO workbench's
-O=${OUT:-artifacts}
+SUITE=${SUITE:-libero_object}
+case $SUITE in
+    libero_object) O=${OUT:-artifacts}; MODELS=models/mini_libero; SCREEN=benchmarks/mini_vla_screen ;;
+    libero_spatial) O=${OUT:-artifacts/libero_spatial}; MODELS=models/mini_libero_spatial
+        SCREEN=benchmarks/mini_vla_screen_spatial ;;
+    *) echo "SUITE must be libero_object or libero_spatial, not $SUITE" >&2; exit 2 ;;
+esac
+export SUITE  # scripts/mini_screen.sh screens the same suite
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl}
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
-D=$O/demos_db/libero_object
+D=$O/demos_db/$SUITE
 if stage demos; then  # two simulator processes on disjoint tasks, 20 demos per task at init 0-19
     for part in a:0-4 b:5-9; do
-        OMP_NUM_THREADS=1 nice $W gen-demos --suite libero_object --tasks "${part#*:}" --init-states 0-19 \
+        OMP_NUM_THREADS=1 nice $W gen-demos --suite $SUITE --tasks "${part#*:}" --init-states 0-19 \
             --out $O/demos_db/"${part%%:*}" --no-bags > $O/gen_demos_"${part%%:*}".out 2>&1 &
     done
     wait
     mkdir -p $D
-    for f in $O/demos_db/{a,b}/libero_object/*.hdf5; do ln -sfn ../${f#"$O"/demos_db/} $D/"$(basename "$f")"; done
+    for f in $O/demos_db/{a,b}/$SUITE/*.hdf5; do ln -sfn ../${f#"$O"/demos_db/} $D/"$(basename "$f")"; done
 fi
 if stage vla; then  # projector + LLM on cached backbone features (2 torch threads)
     [ -f $O/mini_vla/model.safetensors ] || \
@@ -45,19 +53,19 @@ if stage calibrate; then  # the fitted point; PIN="--pin-tau T ..." writes a cho
     $H calibrate --model $O/mini_vla_prior --db $O/mini_db_1v --demos $D --tasks 0-9 --threads 2 \
         --cache-dir $O/mini_vla_features --out $O/mini_calibration.json --plots $O/mini_calibration_plots ${PIN:-}
 fi
-# The compact copy that `make demo` runs on a fresh clone (models/mini_libero, committed), only with
+# The compact copy that `make demo` runs on a fresh clone ($MODELS, committed), only with
 # PUBLISH=1: a rebuild is not bit-identical (training is not deterministic across machines), so it
 # would silently replace the shipped policy. Each published copy adds about 30 MB to the git history.
 if [ "${PUBLISH:-0}" = 1 ]; then
     $W publish-mini --model $O/mini_vla_prior --drafter $O/mini_drafter \
-        --calibration $O/mini_calibration.json --out models/mini_libero
+        --calibration $O/mini_calibration.json --out $MODELS
 fi
 # The published copy's weights are rounded to bfloat16, so it is screened again, only when named
-# (STAGE=published) and after models/mini_libero is committed, so that the screen's log names a
-# revision that holds the policy it ran: benchmarks/mini_vla_screen.{jsonl.gz,json,md}.
+# (STAGE=published) and after $MODELS is committed, so that the screen's log names a
+# revision that holds the policy it ran: $SCREEN.{jsonl.gz,json,md}.
 if [ "${STAGE:-all}" = published ]; then
-    bash scripts/mini_screen.sh models/mini_libero/vla $O/published_screen
-    gzip -9 -n -c $O/published_screen.jsonl > benchmarks/mini_vla_screen.jsonl.gz
-    $W eval-libero --report-from benchmarks/mini_vla_screen.jsonl.gz --purpose calibration --tasks 0-9 \
-        --init-states 30-33 --methods ar --out benchmarks/mini_vla_screen.json --plots ''
+    bash scripts/mini_screen.sh $MODELS/vla $O/published_screen
+    gzip -9 -n -c $O/published_screen.jsonl > $SCREEN.jsonl.gz
+    $W eval-libero --report-from $SCREEN.jsonl.gz --purpose calibration --suite $SUITE --tasks 0-9 \
+        --init-states 30-33 --methods ar --out $SCREEN.json --plots ''
 fi
