@@ -3,8 +3,8 @@
     heisd-libero sim-episodes --methods ar,heisd --tasks 0-9 --init-states 40-41 --time-mode arm_time \
         --db-path artifacts/eval_object/db --out /tmp/sim_episodes.json
 
-For each method a `policy_node` process runs the shipped mini policy (models/mini_libero: model,
-drafter, operating point; `--db-path` the database of the tasks) with `use_sim_time` at
+For each method a `policy_node` process runs a published mini policy (`--policy`, default
+models/mini_libero: model, drafter, operating point; `--db-path` the database of the tasks) with `use_sim_time` at
 `--control-rate-hz`; the simulated arm (heisd_libero/sim_arm.py) runs every (task, init state)
 through it, in lockstep or arm time. The report has, per method: success, steps and task time in
 simulation seconds, the frame-to-command age (the wall latency the arm time turns into simulation
@@ -27,7 +27,7 @@ import numpy as np
 
 from heisd_libero.eval_evidence import contended
 from heisd_libero.shadow_recorder import ShadowRecorder
-from heisd_ros.pipeline.libero_runs import published_paths
+from heisd_ros.pipeline.libero_runs import PUBLISHED_DIR, published_paths
 from heisd_ros.pipeline.outputs import git_revision
 from heisd_ros.ros.node_main import stop_process
 from heisd_ros.tools.args import parse_range
@@ -37,17 +37,24 @@ SIM_PARAMS = str(Path(__file__).resolve().parent / "config" / "sim_policy.yaml")
 """The policy node's simulator settings (sim time, commanding on), as sim.launch.py applies them."""
 
 
-def start_node(method: str, db_path: str, control_rate_hz: float, log_dir: str, domain_id: int,
-               **params: Any) -> subprocess.Popen:  # fmt: skip
-    """A `policy_node` process running the shipped mini policy with `method`, in simulation time;
-    `params` set more of its parameters (e.g. calibration_path, shadow.method)."""
-    paths = published_paths()
+def node_command(method: str, db_path: str, control_rate_hz: float, policy: str = PUBLISHED_DIR,
+                 **params: Any) -> list[str]:  # fmt: skip
+    """The `policy_node` command line of `start_node`."""
+    paths = published_paths(policy)
     params = {"model_dir": paths["model_dir"], "drafter_dir": paths["drafter_dir"],
               "calibration_path": paths["calibration_path"], "db_path": db_path, "decoder.method": method,
               "control_rate_hz": float(control_rate_hz), **params}  # fmt: skip
     cmd = [sys.executable, "-m", "heisd_ros.ros.node", "--params-file", "config/policy.yaml", "--params-file", SIM_PARAMS]
     for k, v in params.items():
         cmd += ["-p", f"{k}:={v}"]
+    return cmd
+
+
+def start_node(method: str, db_path: str, control_rate_hz: float, log_dir: str, domain_id: int,
+               policy: str = PUBLISHED_DIR, **params: Any) -> subprocess.Popen:  # fmt: skip
+    """A `policy_node` process running the published mini policy at `policy` with `method`, in
+    simulation time; `params` set more of its parameters (e.g. calibration_path, shadow.method)."""
+    cmd = node_command(method, db_path, control_rate_hz, policy, **params)
     log = Path(log_dir) / f"node_{method}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ROS_DOMAIN_ID": str(domain_id), "PYTHONUNBUFFERED": "1"}
@@ -113,7 +120,8 @@ def run(args: argparse.Namespace, say=print) -> dict[str, Any]:
             episodes = []
             try:
                 recorder = ShadowRecorder(Path(args.shadow_bags) / method, ctx) if shadowed else None
-                proc = start_node(method, args.db_path, args.control_rate_hz, args.log_dir, args.domain_id, **params)
+                proc = start_node(method, args.db_path, args.control_rate_hz, args.log_dir, args.domain_id, args.policy,
+                                  **params)  # fmt: skip
                 for task in parse_range(args.tasks):
                     env = LiberoEnv(LiberoEnvConfig(suite=args.suite, task_index=task))
                     try:
@@ -163,8 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--db-path", default="artifacts/mini_libero_db/libero_object_task0",
                    help="the database of the tasks run (the demo's holds task 0 only)")
+    p.add_argument("--policy", default=PUBLISHED_DIR, metavar="DIR",
+                   help="the published mini policy the node runs (vla/, drafter/, calibration.json), e.g. "
+                        "models/mini_libero_spatial for --suite libero_spatial")
     p.add_argument("--point", default="", metavar="FILE",
-                   help="the operating-point file the node runs (default: the shipped mini policy's)")
+                   help="the operating-point file the node runs (default: the policy's calibration.json)")
     p.add_argument("--shadow-bags", default="", metavar="DIR",
                    help="shadow mode: methods other than heisd run with shadow.method heisd, records to DIR/<method>")
     p.add_argument("--domain-id", type=int, default=DOMAIN_ID)

@@ -33,15 +33,11 @@ SUBSET=heisd_tau0,heisd_taufit,heisd_noskip,heisd_token,heisd_boundary,heisd_nma
 # The run that counts is made in its sealed scene set (docs/eval_libero.md, "Sealed scenes": written down
 # before any run with it, never used to tune).
 SEALED=(--scene-shift-m 0.02 --scene-seed 89200)
-# The closed loop's balanced-fit tau (stage fit). A fresh machine that evaluates the committed point
-# without rerunning stages loop and fit sets TAU_FIT to the value in the last report's variants.
-tau_fit() {
-    if [ -n "${TAU_FIT:-}" ]; then echo "$TAU_FIT"; return; fi
-    [ -f $E/calibration_fitted.json ] || { echo "no $E/calibration_fitted.json: run STAGE=fit or set TAU_FIT" >&2; exit 2; }
-    .venv/bin/python -c "import json; print(json.load(open('$E/calibration_fitted.json'))['fused_metric']['tau'])"
-}
 COMMON=(--model $E/vla --drafter models/mini_libero/drafter --suite libero_object
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
+
+# shellcheck source=scripts/libero_eval_lib.sh
+. scripts/libero_eval_lib.sh  # shards, point, tau_fit, f_quantiles
 
 CKPT=benchmarks/libero_object_partial  # the shard logs of a run in progress, xz-compressed
 
@@ -75,25 +71,6 @@ if stage db; then
     $H build-db --model $E/vla --demos $E/demos --out $E/db --tasks 0-9 --threads 2 --query-views 1 --no-progress
 fi
 
-# Per-task processes appending to a shard's log (MuJoCo keeps 0.5-1 GB of every closed env), two
-# shards on two cores with their own copy of the database (an embedded database is open in one
-# process only), then one report. $1 stem, $2 init states, $3 calibration, $4 methods, $5 variants,
-# then extra eval-libero flags.
-shards() {
-    local stem=$1 inits=$2 calib=$3 methods=$4 variants=$5
-    shift 5
-    [ -d $E/db_b ] || cp -r $E/db $E/db_b
-    for part in a:0-4:db b:5-9:db_b; do
-        IFS=: read -r name tasks db <<< "$part"
-        for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
-            $W eval-libero "${COMMON[@]}" --db $E/$db --calibration "$calib" --tasks "$task" --init-states "$inits" \
-                --methods "$methods" --variants "$variants" "$@" --out ${stem}_$name.json >> ${stem}_$name.out 2>&1
-        done &
-    done
-    wait
-    (head -n 1 ${stem}_a.jsonl; tail -q -n +2 ${stem}_a.jsonl ${stem}_b.jsonl) > $stem.jsonl
-}
-
 if stage loop; then
     # The policy's own motion: ar at init states 25-29 (calibration split, not the candidates' 20-24).
     shards $E/loop 25-29 "" ar "" --purpose calibration --no-shadow-ar
@@ -106,20 +83,12 @@ if stage fit; then
         --closed-loop $E/loop.jsonl --out $E/calibration_fitted.json --plots $E/calibration_plots
 fi
 
-# A candidate point as an eval-libero variant of heisd: $1 name, $2 tau, $3 min_S, $4 N_max (no skip
-# where the demonstration switches the gripper within 3 actions).
-point() { printf %s "$1=heisd:fused_metric.tau=$2,verify_skip.enabled=true,verify_skip.min_similarity=$3,\
-verify_skip.max_consecutive_skips=$4,verify_skip.gripper_lookahead_steps=3;"; }
-
 # The candidates, fixed before the point run: around a centre (tau 0, min_S 0.98, N_max 6, no skip
 # where the demonstration switches the gripper within 3 actions) tau at q25 / q50 / q75 of the closed
 # loop's positive F, min_S 0.99 / 0.995, N_max 3, and min_S 0.99 with N_max 3. Every candidate on 50
 # episodes with the shadow of greedy ar; `heisd choose-point` takes the fastest one within its bounds.
 candidates() {
-    local q
-    q=$(.venv/bin/python -c "import json; f = json.load(open('$E/calibration_fitted.json'))['meta']['f_closed_loop']
-print(' '.join(str(f['positive_quantiles'][k]) for k in ('0.25', '0.5', '0.75')))")
-    read -r q25 q50 q75 <<< "$q"
+    read -r q25 q50 q75 <<< "$(f_quantiles)"
     point g 0 0.98 6; point g25 "$q25" 0.98 6; point g50 "$q50" 0.98 6; point g75 "$q75" 0.98 6
     point gs99 0 0.99 6; point gs995 0 0.995 6; point gn3 0 0.98 3; point gs99n3 0 0.99 3
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from heisd_libero.sim_episodes import build_parser, summary
+from heisd_libero.sim_episodes import build_parser, node_command, summary
 
 
 def test_the_summary_counts_what_the_episodes_did() -> None:
@@ -25,3 +25,15 @@ def test_the_summary_counts_what_the_episodes_did() -> None:
 def test_arm_time_at_20_hz_is_the_default() -> None:
     args = build_parser().parse_args([])
     assert args.time_mode == "arm_time" and args.control_rate_hz == 20.0 and args.latency_scale == 1.0
+
+
+def test_the_node_runs_the_named_policy_and_a_point_file_overrides_its_own() -> None:
+    def params(cmd: list[str]) -> dict[str, str]:
+        return dict(cmd[i + 1].split(":=", 1) for i, a in enumerate(cmd) if a == "-p")
+
+    args = build_parser().parse_args(["--suite", "libero_spatial", "--policy", "models/mini_libero_spatial"])
+    p = params(node_command("heisd", "db", 20.0, args.policy))
+    assert p["model_dir"] == "models/mini_libero_spatial/vla" and p["drafter_dir"] == "models/mini_libero_spatial/drafter"
+    assert p["calibration_path"] == "models/mini_libero_spatial/calibration.json" and p["decoder.method"] == "heisd"
+    assert params(node_command("ar", "db", 20.0, calibration_path="x.json"))["calibration_path"] == "x.json"
+    assert params(node_command("ar", "db", 20.0))["model_dir"] == "models/mini_libero/vla"  # the default: Object's

@@ -1,0 +1,43 @@
+# Shell functions of the LIBERO evaluation scripts (scripts/libero_object_eval.sh,
+# scripts/libero_spatial_eval.sh); sourced, never run. The sourcing script sets
+#   W       the workbench's command (`.venv/bin/python -m heisd_libero`),
+#   E       the run's artifact directory (its database in $E/db),
+#   COMMON  the eval-libero flags of every run (model, drafter, suite, max steps, seed, threads).
+
+# Per-task processes appending to a shard's log (MuJoCo keeps 0.5-1 GB of every closed env), two
+# shards on two cores with their own copy of the database (an embedded database is open in one
+# process only), then one log. $1 stem, $2 init states, $3 calibration, $4 methods, $5 variants,
+# then extra eval-libero flags.
+shards() {
+    local stem=$1 inits=$2 calib=$3 methods=$4 variants=$5
+    shift 5
+    [ -d $E/db_b ] || cp -r $E/db $E/db_b
+    for part in a:0-4:db b:5-9:db_b; do
+        IFS=: read -r name tasks db <<< "$part"
+        for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
+            $W eval-libero "${COMMON[@]}" --db $E/$db --calibration "$calib" --tasks "$task" --init-states "$inits" \
+                --methods "$methods" --variants "$variants" "$@" --out ${stem}_$name.json >> ${stem}_$name.out 2>&1
+        done &
+    done
+    wait
+    (head -n 1 ${stem}_a.jsonl; tail -q -n +2 ${stem}_a.jsonl ${stem}_b.jsonl) > $stem.jsonl
+}
+
+# A candidate point as an eval-libero variant of heisd: $1 name, $2 tau, $3 min_S, $4 N_max (no skip
+# where the demonstration switches the gripper within 3 actions).
+point() { printf %s "$1=heisd:fused_metric.tau=$2,verify_skip.enabled=true,verify_skip.min_similarity=$3,\
+verify_skip.max_consecutive_skips=$4,verify_skip.gripper_lookahead_steps=3;"; }
+
+# The balanced-fit tau of the closed loop (stage fit's $E/calibration_fitted.json), or $TAU_FIT where
+# a fresh machine evaluates a committed point without rerunning the loop and the fit.
+tau_fit() {
+    if [ -n "${TAU_FIT:-}" ]; then echo "$TAU_FIT"; return; fi
+    [ -f $E/calibration_fitted.json ] || { echo "no $E/calibration_fitted.json: run STAGE=fit or set TAU_FIT" >&2; exit 2; }
+    .venv/bin/python -c "import json; print(json.load(open('$E/calibration_fitted.json'))['fused_metric']['tau'])"
+}
+
+# tau at the 25th, 50th and 75th percentiles of the closed loop's positive F (stage fit).
+f_quantiles() {
+    .venv/bin/python -c "import json; f = json.load(open('$E/calibration_fitted.json'))['meta']['f_closed_loop']
+print(' '.join(str(f['positive_quantiles'][k]) for k in ('0.25', '0.5', '0.75')))"
+}
