@@ -287,17 +287,22 @@ def _shortfall(e: dict[str, Any]) -> list[str]:
             f"(replayed p95 ≤ {30 - margin:g}) would have chosen {alt}.", ""]
 
 
+VARIANT_FIELDS = (("fused_metric", "tau"), *(("verify_skip", k) for k in POINT_FIELDS))
+"""What a chosen point changes: choose-point --shadow the verify-skip fields, --run the boundary's tau too."""
+
+
 def point_variants(shipped: Path, named: list[str]) -> tuple[str, str]:
-    """(eval-libero --methods, --variants) for ar, heisd and each NAME=POINT_FILE whose verify-skip
-    differs from the shipped point's (choose-point --shadow varies only those fields)."""
-    base = json.loads(shipped.read_text())["verify_skip"]
+    """(eval-libero --methods, --variants) for ar, heisd and each NAME=POINT_FILE whose tau or
+    verify-skip fields differ from the shipped point's."""
+    base = json.loads(shipped.read_text())
     methods, variants = ["ar", "heisd"], []
     for item in named:
         name, path = item.split("=", 1)
-        vs = json.loads(Path(path).read_text())["verify_skip"]
-        if any(vs[k] != base[k] for k in POINT_FIELDS):
+        point = json.loads(Path(path).read_text())
+        if any(point[sec][k] != base[sec][k] for sec, k in VARIANT_FIELDS):
             methods.append(name)
-            variants.append(f"{name}=heisd:" + ",".join(f"verify_skip.{k}={json.dumps(vs[k])}" for k in POINT_FIELDS))
+            variants.append(f"{name}=heisd:" + ",".join(f"{sec}.{k}={json.dumps(point[sec][k])}"
+                                                         for sec, k in VARIANT_FIELDS))  # fmt: skip
     return ",".join(methods), ";".join(variants)
 
 

@@ -1,0 +1,120 @@
+#!/bin/bash
+# The LIBERO-Spatial evaluation of benchmarks/libero_spatial.{json,md,jsonl.xz} (docs/eval_libero.md,
+# "LIBERO-Spatial"): the suite's mini policy (SUITE=libero_spatial bash scripts/mini_pipeline.sh, published
+# to models/mini_libero_spatial), a database of its demonstrations at init states 0-19, the kinematic
+# boundary normalised on the policy's own closed loop, the operating point chosen two ways by rules fixed
+# before any run, then every method at the shipped point on 10 tasks x init states 40-49 in the sealed
+# scene set, with the boundary ablations and the other path's point on init states 40-42.
+#   STAGE=db|loop|fit|shadow|choose|point|choose_libero|publish|eval|report bash scripts/libero_spatial_eval.sh
+#   (default: all, in order; publish writes the point into models/mini_libero_spatial: commit it, then
+#   run STAGE=eval from a worktree at that commit). Every stage is resumable: rerun after an interruption.
+#
+# The rule, fixed before any Spatial run:
+# - The user's path ships: the node runs ar on the simulated arm with the shadow (lockstep), 10 tasks x
+#   init states 20-29 in their own scene set, and `heisd choose-point --shadow` picks, from the fitted
+#   point file (stage fit), the fastest candidate whose skip steps keep within their bounds.
+# - The LIBERO path, for comparison: the Object run's candidates (tau 0 and at the closed loop's F
+#   quartiles, min_S 0.98 / 0.99 / 0.995, N_max 6 / 3) on 10 tasks x init states 20-24 with greedy ar's
+#   shadow, `heisd choose-point --run` (success within 5 points of ar, skip bounds, lowest mean step).
+#   Where it picks another point, that point runs on the subset beside the shipped one.
+# - The subset (init states 40-42) also runs the boundary ablations: tau 0, tau at the closed loop's
+#   balanced fit, and the boundary alone (strict acceptance, no skip).
+set -euo pipefail
+H=".venv/bin/python -m heisd_ros.tools.cli"  # `python -m` from the checkout: the checkout's code runs
+W=".venv/bin/python -m heisd_libero"
+SUITE=libero_spatial
+MODELS=models/mini_libero_spatial
+E=artifacts/eval_spatial
+DEMOS=${DEMOS:-artifacts/libero_spatial/demos_db/libero_spatial}  # mini_pipeline.sh's, stage demos
+export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl} OMP_NUM_THREADS=1
+# Scene sets (docs/eval_libero.md, "Sealed scenes"), written down before any Spatial run.
+DEV=(--scene-shift-m 0.02 --scene-seed 86774)     # closed loop, LIBERO-path candidates
+SHADOW=(--scene-shift-m 0.02 --scene-seed 11454)  # the user's path: shadow episodes
+SEALED=(--scene-shift-m 0.02 --scene-seed 31049)  # the evaluation
+COMMON=(--model $E/vla --drafter $MODELS/drafter --suite $SUITE --max-steps 280 --seed 0 --threads 1
+        --no-progress --plots '')
+METHODS=ar,drafter,specvla,retrieval,heisd
+# shellcheck source=scripts/libero_eval_lib.sh
+. scripts/libero_eval_lib.sh  # shards, point, tau_fit, f_quantiles
+stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
+mkdir -p $E
+
+if stage db; then
+    # A copy of the published policy, so feature caches land under artifacts/ (not models/).
+    [ -d $E/vla ] || cp -r $MODELS/vla $E/vla
+    [ -d $E/db ] || $H build-db --model $E/vla --demos "$DEMOS" --out $E/db --tasks 0-9 --threads 2 --query-views 1 \
+        --no-progress
+fi
+
+if stage loop; then  # the policy's own motion: ar at init states 25-29
+    shards $E/loop 25-29 "" ar "" --purpose calibration --no-shadow-ar "${DEV[@]}"
+fi
+
+if stage fit; then  # F normalised on that closed loop; tau candidates at quantiles of its F
+    $H calibrate --model $E/vla --db $E/db --demos "$DEMOS" --tasks 0-9 --threads 2 --no-progress \
+        --base-point $MODELS/calibration.json --closed-loop $E/loop.jsonl --out $E/calibration_fitted.json \
+        --plots $E/calibration_plots
+fi
+
+if stage shadow; then  # ar through the node with the shadow, resumable by halves
+    for part in a:20-24 b:25-29; do
+        IFS=: read -r name inits <<< "$part"
+        [ -f $E/shadow_$name.json ] && continue
+        rm -rf $E/shadow_$name
+        $W sim-episodes --suite $SUITE --policy $MODELS --point $E/calibration_fitted.json --methods ar \
+            --tasks 0-9 --init-states "$inits" "${SHADOW[@]}" --time-mode lockstep --db-path $E/db \
+            --shadow-bags $E/shadow_$name --log-dir $E/shadow_logs_$name --out $E/shadow_$name.json
+    done
+fi
+
+if stage choose; then  # the user's path: the point that ships
+    $H choose-point --shadow $E/shadow_a/ar $E/shadow_b/ar --calibration $E/calibration_fitted.json \
+        --out $E/point_shadow.json
+fi
+
+candidates() {
+    read -r q25 q50 q75 <<< "$(f_quantiles)"
+    point g 0 0.98 6; point g25 "$q25" 0.98 6; point g50 "$q50" 0.98 6; point g75 "$q75" 0.98 6
+    point gs99 0 0.99 6; point gs995 0 0.995 6; point gn3 0 0.98 3; point gs99n3 0 0.99 3
+}
+POINT_METHODS=ar,g,g25,g50,g75,gs99,gs995,gn3,gs99n3
+
+if stage point; then  # the LIBERO path's candidates
+    shards $E/point 20-24 $E/calibration_fitted.json $POINT_METHODS "$(candidates)" --purpose calibration "${DEV[@]}"
+    $W eval-libero --report-from $E/point.jsonl --suite $SUITE --tasks 0-9 --init-states 20-24 \
+        --purpose calibration --methods $POINT_METHODS --out $E/point.json --plots ''
+fi
+
+if stage choose_libero; then
+    $H choose-point --run $E/point.json --calibration $E/calibration_fitted.json --out $E/point_libero.json
+fi
+
+if stage publish; then
+    $W publish-mini --calibration-only --calibration $E/point_shadow.json --out $MODELS
+    echo "commit $MODELS, then run STAGE=eval from a worktree at that commit"
+fi
+
+if stage eval; then
+    if ! cmp -s $E/point_shadow.json $MODELS/calibration.json || [ -n "$(git status --porcelain -uno)" ]; then
+        echo "the evaluation runs the committed point: $MODELS/calibration.json must equal $E/point_shadow.json" \
+             "and the checkout be clean (commit after STAGE=publish)" >&2
+        exit 2
+    fi
+    # the LIBERO path's point as a variant of heisd, left out where it is the shipped point
+    read -r _ other < <(.venv/bin/python -m heisd_libero.shadow_point_report --variants $MODELS/calibration.json \
+        heisd_libero_point=$E/point_libero.json)
+    ablations="heisd_tau0=heisd:fused_metric.tau=0;heisd_taufit=heisd:fused_metric.tau=$(tau_fit);"
+    ablations+='heisd_boundary=heisd:acceptance.retrieval_rule="strict",verify_skip.enabled=false'
+    subset=heisd_tau0,heisd_taufit,heisd_boundary
+    if [ -n "$other" ]; then ablations+=";$other"; subset+=,heisd_libero_point; fi
+    echo "$subset" > $E/eval_subset.txt
+    shards $E/eval 40-49 $MODELS/calibration.json $METHODS "$ablations" --subset-methods "$subset" \
+        --subset-init-states 40-42 "${SEALED[@]}"
+fi
+
+if stage report; then
+    xz -9 -T1 -c $E/eval.jsonl > benchmarks/libero_spatial.jsonl.xz
+    $W eval-libero --report-from benchmarks/libero_spatial.jsonl.xz --suite $SUITE --tasks 0-9 --init-states 40-49 \
+        --methods $METHODS --subset-methods "$(cat $E/eval_subset.txt)" --subset-init-states 40-42 \
+        --out benchmarks/libero_spatial.json --plots benchmarks/libero_spatial_plots
+fi
