@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from heisd_ros.core.errors import ConfigError
 from heisd_ros.pipeline.figures import speedup_figures
 from heisd_ros.pipeline.libero_runs import class_figures
 from heisd_ros.pipeline.outputs import git_revision
@@ -287,22 +288,26 @@ def _shortfall(e: dict[str, Any]) -> list[str]:
             f"(replayed p95 ≤ {30 - margin:g}) would have chosen {alt}.", ""]
 
 
-VARIANT_FIELDS = (("fused_metric", "tau"), *(("verify_skip", k) for k in POINT_FIELDS))
-"""What a chosen point changes: choose-point --shadow the verify-skip fields, --run the boundary's tau too."""
+VARIANT_SECTIONS = ("fused_metric", "verify_skip")
+"""What a chosen point changes: choose-point --shadow verify-skip's fields, --run the boundary's too."""
 
 
 def point_variants(shipped: Path, named: list[str]) -> tuple[str, str]:
-    """(eval-libero --methods, --variants) for ar, heisd and each NAME=POINT_FILE whose tau or
-    verify-skip fields differ from the shipped point's."""
+    """(eval-libero --methods, --variants) for ar, heisd and each NAME=POINT_FILE whose boundary
+    (`fused_metric`) or verify-skip fields differ from the shipped point's: every differing field."""
     base = json.loads(shipped.read_text())
     methods, variants = ["ar", "heisd"], []
     for item in named:
         name, path = item.split("=", 1)
         point = json.loads(Path(path).read_text())
-        if any(point[sec][k] != base[sec][k] for sec, k in VARIANT_FIELDS):
+        changed = [(f"{sec}.{k}", v) for sec in VARIANT_SECTIONS for k, v in point[sec].items() if v != base[sec].get(k)]
+        lists = [f for f, v in changed if isinstance(v, (list, dict))]
+        if lists:  # a variant's value is one scalar (its spec separates fields by commas)
+            raise ConfigError(f"{path}: {', '.join(lists)} differ from {shipped}; a variant sets scalar fields only")
+        changed = [f"{f}={json.dumps(v)}" for f, v in changed]
+        if changed:
             methods.append(name)
-            variants.append(f"{name}=heisd:" + ",".join(f"{sec}.{k}={json.dumps(point[sec][k])}"
-                                                         for sec, k in VARIANT_FIELDS))  # fmt: skip
+            variants.append(f"{name}=heisd:" + ",".join(changed))
     return ",".join(methods), ";".join(variants)
 
 

@@ -6,20 +6,22 @@
 
 # Per-task processes appending to a shard's log (MuJoCo keeps 0.5-1 GB of every closed env), two
 # shards on two cores with their own copy of the database (an embedded database is open in one
-# process only), then one log. $1 stem, $2 init states, $3 calibration, $4 methods, $5 variants,
+# process only), then one log; a task that fails ends its shard and fails the stage. $1 stem, $2 init states, $3 calibration, $4 methods, $5 variants,
 # then extra eval-libero flags.
 shards() {
     local stem=$1 inits=$2 calib=$3 methods=$4 variants=$5
     shift 5
     [ -d $E/db_b ] || cp -r $E/db $E/db_b
+    local pids=()
     for part in a:0-4:db b:5-9:db_b; do
         IFS=: read -r name tasks db <<< "$part"
         for task in $(seq "${tasks%-*}" "${tasks#*-}"); do
             $W eval-libero "${COMMON[@]}" --db $E/$db --calibration "$calib" --tasks "$task" --init-states "$inits" \
                 --methods "$methods" --variants "$variants" "$@" --out ${stem}_$name.json >> ${stem}_$name.out 2>&1
         done &
+        pids+=($!)
     done
-    wait
+    for pid in "${pids[@]}"; do wait "$pid"; done  # a failed task (or a strict step unlike ar's: exit 3) fails the stage
     (head -n 1 ${stem}_a.jsonl; tail -q -n +2 ${stem}_a.jsonl ${stem}_b.jsonl) > $stem.jsonl
 }
 

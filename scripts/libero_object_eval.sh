@@ -169,7 +169,7 @@ fi
 # frame-to-command age, task time, success. One process at a time (the timings are the point).
 if stage node; then
     $W sim-episodes --methods ar,heisd --tasks 0-9 --init-states 40-41 "${SEALED[@]}" --time-mode arm_time \
-        --latency-scale 1 --db-path $E/db --log-dir $E/node_logs --out benchmarks/libero_object_node.json
+        --latency-scale 1 --max-steps 280 --db-path $E/db --log-dir $E/node_logs --out benchmarks/libero_object_node.json
 fi
 
 if stage report; then

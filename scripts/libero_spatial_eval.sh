@@ -17,8 +17,11 @@
 #   quartiles, min_S 0.98 / 0.99 / 0.995, N_max 6 / 3) on 10 tasks x init states 20-24 with greedy ar's
 #   shadow, `heisd choose-point --run` (success within 5 points of ar, skip bounds, lowest mean step).
 #   Where it picks another point, that point runs on the subset beside the shipped one.
-# - The subset (init states 40-42) also runs the boundary ablations: tau 0, tau at the closed loop's
-#   balanced fit, and the boundary alone (strict acceptance, no skip).
+# - The shipped point keeps the fitted file's tau (the closed loop's balanced fit: choose-point --shadow
+#   varies verify-skip only), so heisd is the boundary at its fit; the subset (init states 40-42) runs
+#   the boundary ablations beside it: tau 0 (the boundary off) and the boundary alone (strict
+#   acceptance, no skip). Where the fit leaves verify-skip off (calibrate: not qualified), every shadow
+#   candidate skips nothing, and the choice is the fit itself.
 set -euo pipefail
 H=".venv/bin/python -m heisd_ros.tools.cli"  # `python -m` from the checkout: the checkout's code runs
 W=".venv/bin/python -m heisd_libero"
@@ -62,7 +65,7 @@ if stage shadow; then  # ar through the node with the shadow, resumable by halve
         [ -f $E/shadow_$name.json ] && continue
         rm -rf $E/shadow_$name
         $W sim-episodes --suite $SUITE --policy $MODELS --point $E/calibration_fitted.json --methods ar \
-            --tasks 0-9 --init-states "$inits" "${SHADOW[@]}" --time-mode lockstep --db-path $E/db \
+            --tasks 0-9 --init-states "$inits" "${SHADOW[@]}" --time-mode lockstep --max-steps 280 --db-path $E/db \
             --shadow-bags $E/shadow_$name --log-dir $E/shadow_logs_$name --out $E/shadow_$name.json
     done
 fi
@@ -95,17 +98,21 @@ if stage publish; then
 fi
 
 if stage eval; then
-    if ! cmp -s $E/point_shadow.json $MODELS/calibration.json || [ -n "$(git status --porcelain -uno)" ]; then
+    # The committed point is what runs; where STAGE=choose ran here, it must be what choose wrote.
+    if { [ -f $E/point_shadow.json ] && ! cmp -s $E/point_shadow.json $MODELS/calibration.json; } \
+        || [ -n "$(git status --porcelain -uno)" ]; then
         echo "the evaluation runs the committed point: $MODELS/calibration.json must equal $E/point_shadow.json" \
              "and the checkout be clean (commit after STAGE=publish)" >&2
         exit 2
     fi
-    # the LIBERO path's point as a variant of heisd, left out where it is the shipped point
+    ablations='heisd_tau0=heisd:fused_metric.tau=0;heisd_boundary=heisd:acceptance.retrieval_rule="strict",'
+    ablations+='verify_skip.enabled=false'
+    subset=heisd_tau0,heisd_boundary
+    # the LIBERO path's point beside it where it differs (POINT_LIBERO: its file on a fresh machine)
+    libero_point=${POINT_LIBERO:-$E/point_libero.json}
+    [ -f "$libero_point" ] || { echo "no $libero_point: run STAGE=point and STAGE=choose_libero" >&2; exit 2; }
     read -r _ other < <(.venv/bin/python -m heisd_libero.shadow_point_report --variants $MODELS/calibration.json \
-        heisd_libero_point=$E/point_libero.json)
-    ablations="heisd_tau0=heisd:fused_metric.tau=0;heisd_taufit=heisd:fused_metric.tau=$(tau_fit);"
-    ablations+='heisd_boundary=heisd:acceptance.retrieval_rule="strict",verify_skip.enabled=false'
-    subset=heisd_tau0,heisd_taufit,heisd_boundary
+        heisd_libero_point="$libero_point")
     if [ -n "$other" ]; then ablations+=";$other"; subset+=,heisd_libero_point; fi
     echo "$subset" > $E/eval_subset.txt
     shards $E/eval 40-49 $MODELS/calibration.json $METHODS "$ablations" --subset-methods "$subset" \

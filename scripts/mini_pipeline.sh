@@ -17,17 +17,23 @@ case $SUITE in
     *) echo "SUITE must be libero_object or libero_spatial, not $SUITE" >&2; exit 2 ;;
 esac
 export SUITE  # scripts/mini_screen.sh screens the same suite
+mkdir -p "$O"
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYOPENGL_PLATFORM=${PYOPENGL_PLATFORM:-egl}
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
 D=$O/demos_db/$SUITE
 if stage demos; then  # two simulator processes on disjoint tasks, 20 demos per task at init 0-19
+    pids=()
     for part in a:0-4 b:5-9; do
         OMP_NUM_THREADS=1 nice $W gen-demos --suite $SUITE --tasks "${part#*:}" --init-states 0-19 \
             --out $O/demos_db/"${part%%:*}" --no-bags > $O/gen_demos_"${part%%:*}".out 2>&1 &
+        pids+=($!)
     done
-    wait
+    for pid in "${pids[@]}"; do wait "$pid"; done  # a failed shard fails the stage
     mkdir -p $D
-    for f in $O/demos_db/{a,b}/$SUITE/*.hdf5; do ln -sfn ../${f#"$O"/demos_db/} $D/"$(basename "$f")"; done
+    for f in $O/demos_db/{a,b}/$SUITE/*.hdf5; do
+        [ -f "$f" ] || { echo "no demonstrations under $O/demos_db/{a,b}/$SUITE" >&2; exit 2; }
+        ln -sfn ../${f#"$O"/demos_db/} $D/"$(basename "$f")"
+    done
 fi
 if stage vla; then  # projector + LLM on cached backbone features (2 torch threads)
     [ -f $O/mini_vla/model.safetensors ] || \

@@ -100,7 +100,8 @@ class SimObservation:
     images: view -> RGB uint8 [H, W, 3] upright (empty when not rendered).
     ee_pos [3] m, ee_quat [4] (x, y, z, w) of robosuite's eef, ee_rot [3, 3] of the grip site,
     gripper_qpos [2] finger joints (m), joint_pos [7] rad, objects: name -> ObjectPose of every movable
-    object, every fixture other than the table or floor (a cabinet, a stove) and every region site.
+    object, every fixture other than the table or floor (a cabinet, a stove) and every region site of
+    one of those (LIBERO's table and floor regions have no body, so they are not there).
     """
 
     images: dict[str, np.ndarray]
@@ -151,6 +152,10 @@ GROUND_FIXTURES = ("table", "floor")
 """Fixture categories objects stand on when nothing else holds them (a kitchen table, LIBERO-Object's floor)."""
 
 
+def is_ground(category: str) -> bool:
+    return category.endswith(GROUND_FIXTURES)
+
+
 def shift_sources(movable: list[str], initial_state: list, site_owner: dict[str, str | None],
                   fixture_category: dict[str, str]) -> list[int | None]:
     """For each movable object (the env's order), the index of the `xy_shifts_m` draw it takes, or
@@ -174,7 +179,7 @@ def shift_sources(movable: list[str], initial_state: list, site_owner: dict[str,
         owner = under if under in index or under in fixture_category else site_owner.get(under) or under
         if owner in index:
             return source(owner, seen | {name})
-        if owner in fixture_category and not fixture_category[owner].endswith(GROUND_FIXTURES):
+        if owner in fixture_category and not is_ground(fixture_category[owner]):
             return None
         return index[name]
 
@@ -342,7 +347,7 @@ class LiberoEnv:
         site = self.sim.model.site_name2id(GRIP_SITE)
         objects = {name: self._object_pose(inner.objects_dict[name].root_body) for name in inner.objects_dict}
         for name, fixture in inner.fixtures_dict.items():  # a cabinet, a stove: obstacles and supports
-            if self._fixture_category.get(name) not in GROUND_FIXTURES:
+            if not is_ground(self._fixture_category.get(name, "")):
                 objects[name] = self._object_pose(fixture.root_body)
         for region, owner in self._site_owner.items():
             if owner in objects:

@@ -45,7 +45,7 @@ def test_the_shift_draws_what_gen_demos_perturbed_resets_always_drew() -> None:
 def test_a_stacked_object_moves_with_its_support_and_one_on_a_fixture_stays() -> None:
     """LIBERO-Spatial's scenes stack bowls on a cookie box or a ramekin and put them in a drawer or on a
     stove; LIBERO-Object's stand on the floor (each takes its own draw, as it always did)."""
-    owner = {"main_table_box_region": "main_table", "main_table_plate_region": "main_table",
+    owner: dict[str, str | None] = {"main_table_box_region": None, "main_table_plate_region": "main_table",  # a table zone: no owner body
              "wooden_cabinet_1_top_region": "wooden_cabinet_1", "flat_stove_1_cook_region": "flat_stove_1",
              "floor_bin_region": "floor"}  # fmt: skip
     category = {"main_table": "table", "wooden_cabinet_1": "wooden_cabinet", "flat_stove_1": "flat_stove",
