@@ -54,6 +54,10 @@ if stage prior; then  # the per-task state prior: a copy of the VLA directory th
 fi
 if stage screen; then  # ar, 10 tasks x init 30-33: $O/screen.{json,md}
     bash scripts/mini_screen.sh $O/mini_vla_prior $O/screen
+    # Spatial is evaluated on shifted scenes: the same init states in its development scene set too
+    if [ "$SUITE" = libero_spatial ]; then
+        SCENES="--scene-shift-m 0.02 --scene-seed 86774" bash scripts/mini_screen.sh $O/mini_vla_prior $O/screen_shifted
+    fi
 fi
 if stage drafter; then  # drafter (on the policy's own greedy tokens, prior included) and a one-view database
     $H train-drafter --model $O/mini_vla_prior --demos $D --out $O/mini_drafter --steps 600 --seed 0 --tasks 0-9 \
