@@ -7,7 +7,9 @@
 # scene set, with the boundary ablations and the other path's point on init states 40-42.
 #   STAGE=db|loop|fit|shadow|choose|point|choose_libero|publish|eval|report bash scripts/libero_spatial_eval.sh
 #   (default: all, in order; publish writes the point into models/mini_libero_spatial: commit it, then
-#   run STAGE=eval from a worktree at that commit). Every stage is resumable: rerun after an interruption.
+#   run STAGE=eval from a worktree at that commit whose artifacts/ links to this checkout's). Every stage
+#   is resumable: rerun after an interruption. Episodes end at 280 steps, as on LIBERO-Object (LIBERO's
+#   usual Spatial limit is 220).
 #
 # The rule, fixed before any Spatial run:
 # - The user's path ships: the node runs ar on the simulated arm with the shadow (lockstep), 10 tasks x
@@ -44,8 +46,9 @@ mkdir -p $E
 
 if stage db; then
     # A copy of the published policy, so feature caches land under artifacts/ (not models/).
-    [ -d $E/vla ] || cp -r $MODELS/vla $E/vla
-    [ -d $E/db ] || $H build-db --model $E/vla --demos "$DEMOS" --out $E/db --tasks 0-9 --threads 2 --query-views 1 \
+    [ -d $E/vla ] || { cp -r $MODELS/vla $E/vla.part && mv $E/vla.part $E/vla; }
+    # build-db resumes an interrupted database by itself
+    $H build-db --model $E/vla --demos "$DEMOS" --out $E/db --tasks 0-9 --threads 2 --query-views 1 \
         --no-progress
 fi
 
