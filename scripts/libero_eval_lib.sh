@@ -43,3 +43,24 @@ f_quantiles() {
     .venv/bin/python -c "import json; f = json.load(open('$E/calibration_fitted.json'))['meta']['f_closed_loop']
 print(' '.join(str(f['positive_quantiles'][k]) for k in ('0.25', '0.5', '0.75')))"
 }
+
+# A run longer than a working session, on a machine that keeps nothing but commits: the shard logs
+# so far ($1 the shards' stem) xz-compressed into $2 (commit it); `restore_shards` puts them back on a
+# fresh machine (after the database stage: its digest is in the run key) for the stage to resume.
+checkpoint_shards() {
+    local stem=$1 dir=$2 name
+    name=$(basename "$stem")
+    mkdir -p "$dir"
+    for s in a b; do xz -9 -T1 -c "${stem}_$s.jsonl" > "$dir/${name}_$s.jsonl.xz"; done
+    echo "$(grep -c '"kind":"episode"' "${stem}_a.jsonl" "${stem}_b.jsonl" | tr '\n' ' ')-> $dir (commit it)"
+}
+
+restore_shards() {
+    local stem=$1 dir=$2 name
+    name=$(basename "$stem")
+    for s in a b; do
+        if [ -f "${stem}_$s.jsonl" ]; then echo "${stem}_$s.jsonl exists: not overwritten" >&2; exit 2; fi
+    done
+    mkdir -p "$(dirname "$stem")"
+    for s in a b; do xz -dc "$dir/${name}_$s.jsonl.xz" > "${stem}_$s.jsonl"; done
+}

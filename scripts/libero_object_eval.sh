@@ -37,25 +37,16 @@ COMMON=(--model $E/vla --drafter models/mini_libero/drafter --suite libero_objec
         --max-steps 280 --seed 0 --threads 1 --no-progress --plots '')
 
 # shellcheck source=scripts/libero_eval_lib.sh
-. scripts/libero_eval_lib.sh  # shards, point, tau_fit, f_quantiles
+. scripts/libero_eval_lib.sh  # shards, point, tau_fit, f_quantiles, checkpoint_shards, restore_shards
 
 CKPT=benchmarks/libero_object_partial  # the shard logs of a run in progress, xz-compressed
 
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
 only() { [ "${STAGE:-all}" = "$1" ]; }  # stages that never run as part of "all"
 
-if only checkpoint; then
-    mkdir -p $CKPT
-    for s in a b; do xz -9 -T1 -c $E/eval_$s.jsonl > $CKPT/eval_$s.jsonl.xz; done
-    echo "$(grep -c '"kind":"episode"' $E/eval_a.jsonl $E/eval_b.jsonl | tr '\n' ' ')-> $CKPT (commit it)"
-fi
+if only checkpoint; then checkpoint_shards $E/eval $CKPT; fi
 
-if only restore; then
-    for s in a b; do
-        if [ -f $E/eval_$s.jsonl ]; then echo "$E/eval_$s.jsonl exists: not overwritten" >&2; exit 2; fi
-    done
-    mkdir -p $E && for s in a b; do xz -dc $CKPT/eval_$s.jsonl.xz > $E/eval_$s.jsonl; done
-fi
+if only restore; then restore_shards $E/eval $CKPT; fi
 
 if stage db; then
     # Demonstrations at init states 0-19 (docs/libero.md, "The mini policy's demonstrations").

@@ -10,6 +10,9 @@
 #   run STAGE=eval from a worktree at that commit whose artifacts/ links to this checkout's). Every stage
 #   is resumable: rerun after an interruption. Episodes end at 280 steps, as on LIBERO-Object (LIBERO's
 #   usual Spatial limit is 220).
+#   STAGE=checkpoint writes the eval's shard logs so far under $CKPT (commit them) where a machine keeps
+#   nothing but commits; STAGE=restore puts them back on a fresh one (after STAGE=db) for STAGE=eval to
+#   resume; STAGE=report deletes them.
 #
 # The rule, fixed before any Spatial run:
 # - The user's path ships: the node runs ar on the simulated arm with the shadow (lockstep), 10 tasks x
@@ -40,9 +43,14 @@ COMMON=(--model $E/vla --drafter $MODELS/drafter --suite $SUITE --max-steps 280 
         --no-progress --plots '')
 METHODS=ar,drafter,specvla,retrieval,heisd
 # shellcheck source=scripts/libero_eval_lib.sh
-. scripts/libero_eval_lib.sh  # shards, point, tau_fit, f_quantiles
+. scripts/libero_eval_lib.sh  # shards, point, tau_fit, f_quantiles, checkpoint_shards, restore_shards
+CKPT=benchmarks/libero_spatial_partial  # the eval's shard logs while it runs, xz-compressed
 stage() { [ "${STAGE:-all}" = all ] || [ "${STAGE}" = "$1" ]; }
+only() { [ "${STAGE:-all}" = "$1" ]; }  # stages that never run as part of "all"
 mkdir -p $E
+
+if only checkpoint; then checkpoint_shards $E/eval $CKPT; fi
+if only restore; then restore_shards $E/eval $CKPT; fi
 
 if stage db; then
     # A copy of the published policy, so feature caches land under artifacts/ (not models/).
@@ -124,6 +132,7 @@ fi
 
 if stage report; then
     xz -9 -T1 -c $E/eval.jsonl > benchmarks/libero_spatial.jsonl.xz
+    rm -rf $CKPT  # the run is whole: its partial logs are superseded
     $W eval-libero --report-from benchmarks/libero_spatial.jsonl.xz --suite $SUITE --tasks 0-9 --init-states 40-49 \
         --methods $METHODS --subset-methods "$(cat $E/eval_subset.txt)" --subset-init-states 40-42 \
         --out benchmarks/libero_spatial.json --plots benchmarks/libero_spatial_plots
