@@ -76,6 +76,13 @@ def candidates(base: DecoderConfig) -> dict[str, DecoderConfig]:
     return out
 
 
+def boundary_off(point: DecoderConfig) -> DecoderConfig:
+    """The point with τ 0: what the boundary costs, for the report beside the chosen point. The rule
+    never varies τ (it is the calibration's, fitted on where drafts pass); a user weighs this figure
+    against what the boundary buys in success (docs/design.md §5)."""
+    return dataclasses.replace(point, fused_metric=dataclasses.replace(point.fused_metric, tau=0.0))
+
+
 def _skip(cfg: DecoderConfig, **changes) -> DecoderConfig:
     return dataclasses.replace(cfg, verify_skip=dataclasses.replace(cfg.verify_skip, **changes))
 

@@ -190,6 +190,7 @@ def run_shadow(bags: list[str], calibration_path: str, out_path: str, rule) -> d
     """The point from shadow recordings of the user's own arm (heisd_ros/pipeline/shadow_point.py):
     the calibration file's point and its variations replayed over the recorded episodes."""
     from heisd_ros.pipeline.shadow_bags import bag_digest, read_shadow_bags
+    from heisd_ros.pipeline.shadow_point import boundary_off, evaluate
     from heisd_ros.pipeline.shadow_point import choose as choose_from_shadow
 
     calibration = read_json(calibration_path, ConfigError)
@@ -205,6 +206,9 @@ def run_shadow(bags: list[str], calibration_path: str, out_path: str, rule) -> d
         "runs": len(episodes),
         "steps": sum(len(e.steps) for e in episodes), "candidates": figures, "from_calibration": str(calibration_path),
     }  # fmt: skip
+    if point.fused_metric.tau > 0:  # reported, never chosen: what τ costs at the chosen verify-skip
+        chosen["meta"]["chosen_point"]["boundary_off"] = {"tau": point.fused_metric.tau,
+                                                          **evaluate(boundary_off(point), episodes, rule)}
     save_calibration(chosen, out_path)
     return chosen
 
@@ -216,7 +220,18 @@ def _print_shadow(chosen: dict[str, Any], out: str) -> None:
         print(f"{label:>36}: expected {f['expected_speedup']:.2f}x ar, skips {f['skip_share']:.0%}, skip steps "
               f"p95 {f['skip_position_p95_bins']:.1f} bins, gripper {f['skip_gripper_disagreement']:.2%}"
               + ("" if f["eligible"] else f" (not eligible: {', '.join(f['why_refused'])})"))
+    off = info.get("boundary_off")
+    if off:
+        mine = info["candidates"][info["chosen"]]
+        print(f"the chosen point with the boundary off (tau 0 for {off['tau']:.3g}; reported, not a candidate): "
+              f"expected {off['expected_speedup']:.2f}x ar against {mine['expected_speedup']:.2f}x, drafter steps "
+              f"{_share(off, 'drafter'):.0%} against {_share(mine, 'drafter'):.0%}, skips {off['skip_share']:.0%}, "
+              f"skip steps p95 {off['skip_position_p95_bins']:.1f} bins, gripper {off['skip_gripper_disagreement']:.2%}")
     print(f"chose {info['chosen']}; wrote {out}")
+
+
+def _share(figures: dict[str, Any], mode: str) -> float:
+    return figures["mode_mix"].get(mode, 0) / figures["steps"] if figures["steps"] else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:

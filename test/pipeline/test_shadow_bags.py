@@ -80,7 +80,16 @@ def test_choose_point_writes_the_point_chosen_from_shadow_recordings(tmp_path, c
     assert point["chosen_from"]["bag_digests"] == [bag_digest(tmp_path / "shadow")] != ["missing"]
     chosen = point["meta"]["chosen_point"]
     assert chosen["episodes"] == 3 and chosen["steps"] == 24 and chosen["chosen"] in chosen["candidates"]
-    assert "expected" in capsys.readouterr().out
+    assert "expected" in capsys.readouterr().out and "boundary_off" not in chosen  # the shipped point: tau 0
+    # a point with the boundary on reports what tau costs beside the choice (never a candidate)
+    bounded = json.loads(calibration.read_text())
+    bounded["fused_metric"]["tau"] = 0.9
+    (tmp_path / "bounded.json").write_text(json.dumps(bounded))
+    argv_b = ["--shadow", str(tmp_path / "shadow"), "--calibration", str(tmp_path / "bounded.json"), "--out", str(out)]
+    assert choose_point.main(argv_b + ["--min-episodes", "3", "--min-steps", "24"]) == 0
+    off = json.loads(out.read_text())["meta"]["chosen_point"]["boundary_off"]
+    assert off["tau"] == 0.9 and off["steps"] == 24 and "boundary off" in capsys.readouterr().out
+    assert json.loads(out.read_text())["fused_metric"]["tau"] == 0.9  # the choice keeps the calibration's tau
     # the default rule needs more than three short episodes: refused with the reason, nothing written
     out.unlink()
     assert choose_point.main(argv) == 2 and not out.exists()

@@ -103,6 +103,26 @@ def test_the_rule_chooses_the_fastest_point_whose_skip_steps_stay_in_bound():
     assert figures[label]["expected_speedup"] > figures["no_skip"]["expected_speedup"] > 1.0
 
 
+def test_the_boundary_off_figure_is_the_chosen_point_with_tau_0():
+    import dataclasses
+
+    from heisd_ros.pipeline.shadow_point import ShadowRule, boundary_off, evaluate
+
+    point = _point(min_similarity=0.99)
+    point = dataclasses.replace(point, fused_metric=FusedMetricConfig(tau=0.3))
+    off = boundary_off(point)
+    assert off.fused_metric.tau == 0.0 and off.verify_skip == point.verify_skip
+    # every window at F 0.2 is under tau 0.3: the drafter's at drafter cost; tau 0 retrieves and skips there
+    def slow(s):  # the first two steps keep their missing window
+        return s if math.isnan(s.fused_metric) else dataclasses.replace(s, fused_metric=0.2)
+
+    episodes = [dataclasses.replace(e, steps=[slow(s) for s in e.steps]) for e in _recording(10, 60)]
+    rule = ShadowRule(min_episodes=10, min_steps=500)
+    on, without = evaluate(point, episodes, rule), evaluate(off, episodes, rule)
+    assert set(on["mode_mix"]) == {"drafter"} and on["skip_share"] == 0.0
+    assert without["mode_mix"].get("skip", 0) > 0 and without["expected_speedup"] > on["expected_speedup"]
+
+
 def test_a_recording_too_short_for_the_rule_is_refused_with_the_reason():
     from heisd_ros.core.config import ConfigError
     from heisd_ros.pipeline.shadow_point import ShadowRule, choose
