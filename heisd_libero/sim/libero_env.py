@@ -139,6 +139,9 @@ SCENE_SEED_DOMAIN = 0x5CE4E
 """First entropy word of a sealed scene's seed: keeps scene shifts apart from the seeds of
 demonstration variants (gen-demos' `episode_seed`) made of the same numbers."""
 
+FIXTURE_SEED_DOMAIN = 0xF1C5
+"""First entropy word of the seed of a reset's fixture placement (`fixture_seed`)."""
+
 
 def xy_shifts_m(max_shift_m: float, seed: int, count: int) -> np.ndarray:
     """[count, 2] x, y shifts in metres, each drawn from U(-max_shift_m, max_shift_m): what a perturbed
@@ -192,6 +195,13 @@ def scene_shift_seed(scene_seed: int, task_index: int, init_state_index: int) ->
     A pure function of (scene seed, task, init state): every method of a (task, init state) pair
     starts from the same shifted objects, whatever episodes ran before it or in which order."""
     entropy = [SCENE_SEED_DOMAIN, scene_seed, task_index, init_state_index]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def fixture_seed(task_index: int, init_state_index: int, seed: int) -> int:
+    """The seed of numpy's global RNG while LIBERO places a reset's fixtures (`LiberoEnv.reset`): a
+    pure function of the task, the init state and the reset's seed (a sealed scene's, or 0)."""
+    entropy = [FIXTURE_SEED_DOMAIN, task_index, init_state_index, seed]
     return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
@@ -267,10 +277,20 @@ class LiberoEnv:
     # -- episode control --------------------------------------------------------------------
 
     def reset(self, init_state_index: int, perturb_xy_m: float = 0.0, seed: int = 0) -> SimObservation:
-        """Set init state k, optionally shift every movable object by U(-d, d) in x and y, settle."""
+        """Set init state k (the fixtures placed by `fixture_seed(task, k, seed)`), optionally shift
+        every movable object by U(-d, d) in x and y, settle."""
         if not 0 <= init_state_index < self.num_init_states:
             raise ConfigError(f"init state {init_state_index} outside [0, {self.num_init_states})")
-        self._env.reset()
+        # LIBERO places the fixtures (a cabinet, a stove: bodies without joints, LIBERO-Spatial) on
+        # every reset by drawing from numpy's global RNG, and an init state (qpos, qvel) does not hold
+        # them: two envs reset to one init state put the cabinet up to 1.3 cm and 1 degree apart. The
+        # draw is seeded here and the caller's RNG stream left as it was.
+        outer = np.random.get_state()
+        np.random.seed(fixture_seed(self.config.task_index, init_state_index, seed))
+        try:
+            self._env.reset()
+        finally:
+            np.random.set_state(outer)
         self._forget_gripper_command()
         self._env.set_init_state(self.init_states[init_state_index])
         if perturb_xy_m > 0:

@@ -84,6 +84,31 @@ def test_reset_does_not_depend_on_the_episodes_before(env: LiberoEnv) -> None:
         np.testing.assert_array_equal(again.images[view], first.images[view])
 
 
+def test_fixtures_are_placed_by_the_reset_not_by_what_ran_before() -> None:
+    """LIBERO-Spatial's cabinet and stove are placed on every reset from numpy's global RNG; two envs
+    reset to one init state, after different histories, render the same scene bit for bit, and the
+    caller's RNG stream is left as it was."""
+    a, b = (LiberoEnv(LiberoEnvConfig(suite="libero_spatial", task_index=0, camera_size_px=64)) for _ in range(2))
+    try:
+        b.reset(3)  # another history: a reset of another init state
+        np.random.seed(7)
+        drawn = np.random.random_sample()
+        np.random.seed(7)
+        first, second = a.reset(1, perturb_xy_m=0.02, seed=11), b.reset(1, perturb_xy_m=0.02, seed=11)
+        assert np.random.random_sample() == drawn
+        model_a, model_b = a.sim.model, b.sim.model
+        cabinet = model_a.body_name2id("wooden_cabinet_1_main")
+        np.testing.assert_array_equal(model_a.body_pos[cabinet], model_b.body_pos[cabinet])
+        for view in first.images:
+            np.testing.assert_array_equal(first.images[view], second.images[view])
+        # the reset's seed places them: another one moves the cabinet
+        b.reset(1, perturb_xy_m=0.02, seed=12)
+        assert not np.array_equal(model_a.body_pos[cabinet], model_b.body_pos[cabinet])
+    finally:
+        a.close()
+        b.close()
+
+
 def test_record_episode_short_is_not_kept(env: LiberoEnv) -> None:
     ep = record_episode(env, WaypointExpert(), 1, seed=1, max_steps=12)
     assert not ep.success and ep.length == 12 and ep.images == {}
