@@ -5,7 +5,7 @@
 # boundary normalised on the policy's own closed loop, the operating point chosen two ways by rules fixed
 # before any run, then every method at the shipped point on 10 tasks x init states 40-49 in the sealed
 # scene set, with the boundary ablations and the other path's point on init states 40-42.
-#   STAGE=db|loop|fit|shadow|choose|point|choose_libero|publish|eval|report bash scripts/libero_spatial_eval.sh
+#   STAGE=db|loop|fit|shadow|choose|point|choose_libero|publish|eval|node|report bash scripts/libero_spatial_eval.sh
 #   (default: all, in order; publish writes the point into models/mini_libero_spatial: commit it, then
 #   run STAGE=eval from a worktree at that commit whose artifacts/ links to this checkout's). Every stage
 #   is resumable: rerun after an interruption. Episodes end at 280 steps, as on LIBERO-Object (LIBERO's
@@ -128,6 +128,12 @@ if stage eval; then
     echo "$subset" > $E/eval_subset.txt
     shards $E/eval 40-49 $MODELS/calibration.json $METHODS "$ablations" --subset-methods "$subset" \
         --subset-init-states 40-42 "${SEALED[@]}"
+fi
+
+if stage node; then  # where the arm feels it: ar and heisd through the node, arm time at 20 Hz, 20 sealed scenes
+    $W sim-episodes --suite $SUITE --policy $MODELS --methods ar,heisd --tasks 0-9 --init-states 40-41 "${SEALED[@]}" \
+        --time-mode arm_time --latency-scale 1 --max-steps 280 --db-path $E/db --log-dir $E/node_logs \
+        --out benchmarks/libero_spatial_node.json
 fi
 
 if stage report; then
