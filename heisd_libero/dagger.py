@@ -83,7 +83,7 @@ def run_episode(env, expert, decoder, init_state: int, beta: float, seed: int, m
 
     rng = np.random.default_rng(seed)
     vla = decoder.vla
-    obs = env.reset(init_state)
+    obs = env.reset(init_state, seed=seed)  # the seed places the fixtures (LIBERO-Spatial's), as gen-demos'
     expert.reset(env.goal, seed=seed)
     decoder.reset(env.instruction)
     buffer, frames = EpisodeBuffer(), {}

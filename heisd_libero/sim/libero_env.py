@@ -200,7 +200,8 @@ def scene_shift_seed(scene_seed: int, task_index: int, init_state_index: int) ->
 
 def fixture_seed(task_index: int, init_state_index: int, seed: int) -> int:
     """The seed of numpy's global RNG while LIBERO places a reset's fixtures (`LiberoEnv.reset`): a
-    pure function of the task, the init state and the reset's seed (a sealed scene's, or 0)."""
+    pure function of the task, the init state and the reset's seed (a sealed scene's, a recorded
+    episode's, or 0)."""
     entropy = [FIXTURE_SEED_DOMAIN, task_index, init_state_index, seed]
     return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 

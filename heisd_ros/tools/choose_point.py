@@ -11,7 +11,9 @@ Usage:
 With --shadow: the node ran its own method (ar) with `shadow.method: heisd` and `ros2 bag record`
 kept its shadow_steps topic; the calibration file's point and its variations are replayed over every
 recorded episode and chosen by heisd_ros/pipeline/shadow_point.py's rule (skip steps within their
-bounds against what was executed; the highest expected speed-up). What follows is the LIBERO path.
+bounds against what was executed; the highest expected speed-up). Where the calibration's tau is above
+0, `meta.chosen_point.boundary_off` (printed as `boundary_off`) gives the chosen point's replayed
+figures at tau 0: what the boundary costs, never a candidate. What follows is the LIBERO path.
 
 The run is an `heisd-libero eval-libero --purpose calibration --shadow-ar` report (init states held out
 from both the demonstrations and the evaluation) with `ar`, and `heisd` and/or heisd variants as the
@@ -207,7 +209,7 @@ def run_shadow(bags: list[str], calibration_path: str, out_path: str, rule) -> d
         "steps": sum(len(e.steps) for e in episodes), "candidates": figures, "from_calibration": str(calibration_path),
     }  # fmt: skip
     if point.fused_metric.tau > 0:  # reported, never chosen: what τ costs at the chosen verify-skip
-        chosen["meta"]["chosen_point"]["boundary_off"] = {"tau": point.fused_metric.tau,
+        chosen["meta"]["chosen_point"]["boundary_off"] = {"calibration_tau": point.fused_metric.tau,
                                                           **evaluate(boundary_off(point), episodes, rule)}
     save_calibration(chosen, out_path)
     return chosen
@@ -223,10 +225,11 @@ def _print_shadow(chosen: dict[str, Any], out: str) -> None:
     off = info.get("boundary_off")
     if off:
         mine = info["candidates"][info["chosen"]]
-        print(f"the chosen point with the boundary off (tau 0 for {off['tau']:.3g}; reported, not a candidate): "
+        print(f"boundary_off (the chosen point at tau 0, not {off['calibration_tau']:.3g}; reported, never chosen): "
               f"expected {off['expected_speedup']:.2f}x ar against {mine['expected_speedup']:.2f}x, drafter steps "
               f"{_share(off, 'drafter'):.0%} against {_share(mine, 'drafter'):.0%}, skips {off['skip_share']:.0%}, "
-              f"skip steps p95 {off['skip_position_p95_bins']:.1f} bins, gripper {off['skip_gripper_disagreement']:.2%}")
+              f"skip steps p95 {off['skip_position_p95_bins']:.1f} bins, gripper {off['skip_gripper_disagreement']:.2%}"
+              + ("" if off["eligible"] else f" (outside the bounds: {', '.join(off['why_refused'])})"))
     print(f"chose {info['chosen']}; wrote {out}")
 
 

