@@ -1,5 +1,6 @@
 #!/bin/bash
-# The LIBERO-Spatial evaluation of benchmarks/libero_spatial.{json,md,jsonl.xz} (docs/eval_libero.md,
+# The LIBERO-Spatial evaluation of benchmarks/libero_spatial.{json,md,jsonl.xz} (the LIBERO path's
+# candidates in benchmarks/libero_spatial_point.{json,md}, the node in libero_spatial_node.json; docs/eval_libero.md,
 # "LIBERO-Spatial"): the suite's mini policy (SUITE=libero_spatial bash scripts/mini_pipeline.sh, published
 # to models/mini_libero_spatial), a database of its demonstrations at init states 0-19, the kinematic
 # boundary normalised on the policy's own closed loop, the operating point chosen two ways by rules fixed
@@ -139,6 +140,7 @@ fi
 if stage report; then
     xz -9 -T1 -c $E/eval.jsonl > benchmarks/libero_spatial.jsonl.xz
     rm -rf $CKPT  # the run is whole: its partial logs are superseded
+    cp $E/point.json benchmarks/libero_spatial_point.json && cp $E/point.md benchmarks/libero_spatial_point.md
     $W eval-libero --report-from benchmarks/libero_spatial.jsonl.xz --suite $SUITE --tasks 0-9 --init-states 40-49 \
         --methods $METHODS --subset-methods "$(cat $E/eval_subset.txt)" --subset-init-states 40-42 \
         --out benchmarks/libero_spatial.json --plots benchmarks/libero_spatial_plots
