@@ -194,16 +194,18 @@ def scene_shift_seed(scene_seed: int, task_index: int, init_state_index: int) ->
 
     A pure function of (scene seed, task, init state): every method of a (task, init state) pair
     starts from the same shifted objects, whatever episodes ran before it or in which order."""
-    entropy = [SCENE_SEED_DOMAIN, scene_seed, task_index, init_state_index]
-    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+    return _derived_seed(SCENE_SEED_DOMAIN, scene_seed, task_index, init_state_index)
 
 
 def fixture_seed(task_index: int, init_state_index: int, seed: int) -> int:
     """The seed of numpy's global RNG while LIBERO places a reset's fixtures (`LiberoEnv.reset`): a
     pure function of the task, the init state and the reset's seed (a sealed scene's, a recorded
     episode's, or 0)."""
-    entropy = [FIXTURE_SEED_DOMAIN, task_index, init_state_index, seed]
-    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+    return _derived_seed(FIXTURE_SEED_DOMAIN, task_index, init_state_index, seed)
+
+
+def _derived_seed(*entropy: int) -> int:
+    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0])
 
 
 def _import_libero() -> tuple[Any, Any, Any]:
