@@ -119,6 +119,7 @@ class SimArm:
         from geometry_msgs.msg import PoseStamped
         from heisd_ros.action import RunTask
         from heisd_ros.msg import ArmCommand, DecodeStats
+        from lifecycle_msgs.srv import GetState
         from rclpy.action import ActionClient
         from rclpy.executors import SingleThreadedExecutor
         from rosgraph_msgs.msg import Clock
@@ -140,6 +141,7 @@ class SimArm:
         self.pub_result = n.create_publisher(Bool, "episode_result", EVENT_QOS)
         self.action = ActionClient(n, RunTask, f"{cfg.policy_node}/run_task")
         self.RunTask = RunTask
+        self._get_state = n.create_client(GetState, f"{cfg.policy_node}/get_state")
         self._commands: dict[int, np.ndarray] = {}  # command header stamp (ns) -> action
         self._arrived = threading.Condition()
         n.create_subscription(ArmCommand, "arm_command", self._on_command, EVENT_QOS)
@@ -191,11 +193,21 @@ class SimArm:
         self.pub_joints.publish(joints)
 
     def wait_for_node(self, timeout_s: float = 120.0) -> bool:
-        """Whether the policy node's action server and input subscriptions are up."""
-        end = time.monotonic() + timeout_s
+        """Whether the policy node is active, with its action server and input subscriptions up. The
+        lifecycle state is asked, not inferred: configure creates the subscriptions and activate opens
+        the goal gate a moment later, and a goal sent in between is refused."""
+        from lifecycle_msgs.msg import State
+        from lifecycle_msgs.srv import GetState
+
+        end, asked = time.monotonic() + timeout_s, None
         while time.monotonic() < end:
-            if self.action.server_is_ready() and all(p.get_subscription_count() for p in self.pub_img.values()):
-                return True
+            if asked is not None and asked.done():
+                reply, asked = asked.result(), None
+                if reply is not None and reply.current_state.id == State.PRIMARY_STATE_ACTIVE:
+                    return True
+            if (asked is None and self.action.server_is_ready() and self._get_state.service_is_ready()
+                    and all(p.get_subscription_count() for p in self.pub_img.values())):
+                asked = self._get_state.call_async(GetState.Request())
             time.sleep(0.1)
         return False
 

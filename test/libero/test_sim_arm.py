@@ -137,3 +137,45 @@ def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
     # frames are held_steps periods apart, plus the periods the clock moved on for a missed tick
     gaps = np.diff(outcome.frame_stamps_s)
     np.testing.assert_allclose(gaps, 0.05 * (np.array(outcome.held_steps[:-1]) + outcome.waits[:-1]), atol=1e-6)
+
+
+def test_the_arm_waits_for_the_node_to_be_active_not_only_configured():
+    """configure creates the node's subscriptions and activate opens its goal gate a moment later: a
+    goal sent in between is refused, so the arm asks the node's lifecycle state before its first goal."""
+    import rclpy
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+
+    from heisd_libero.sim.libero_env import LiberoEnv, LiberoEnvConfig
+    from heisd_libero.sim_arm import SimArm, SimArmConfig, _wait
+
+    env = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=0))
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, domain_id=DOMAIN_ID)
+    cmd = [sys.executable, "-c", FAKE_SLOW_NODE, "0.0", "--params-file", str(REPO / "config" / "policy.yaml"),
+           "-p", "model_dir:=fake", "-p", "use_sim_time:=true", "-p", "autostart:=false", "-p", "warmup_steps:=0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    arm = SimArm(env, SimArmConfig(init_state=40, max_steps=2), context=ctx)
+    change = arm.node.create_client(ChangeState, "/policy_node/change_state")
+
+    def transition(tid: int) -> None:
+        assert change.wait_for_service(timeout_sec=60.0), f"no lifecycle service (exit {proc.poll()})"
+        done = change.call_async(ChangeState.Request(transition=Transition(id=tid)))
+        assert _wait(done.done, 30.0) and done.result().success, tid
+
+    try:
+        assert not arm.wait_for_node(2.0)  # unconfigured
+        transition(Transition.TRANSITION_CONFIGURE)
+        assert _wait(lambda: arm.action.server_is_ready() and all(p.get_subscription_count() for p in arm.pub_img.values()),
+                     30.0), "the configured node's subscriptions never showed"
+        assert not arm.wait_for_node(2.0)  # configured, inactive: a goal now would be refused
+        transition(Transition.TRANSITION_ACTIVATE)
+        assert arm.wait_for_node(30.0)
+    finally:
+        arm.close()
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=30)[0]
+        rclpy.shutdown(context=ctx)
+        env.close()
+    assert proc.returncode == 0, out[-3000:]
