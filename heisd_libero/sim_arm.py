@@ -199,15 +199,20 @@ class SimArm:
         from lifecycle_msgs.msg import State
         from lifecycle_msgs.srv import GetState
 
-        end, asked = time.monotonic() + timeout_s, None
+        end, asked, asked_at = time.monotonic() + timeout_s, None, 0.0
         while time.monotonic() < end:
             if asked is not None and asked.done():
                 reply, asked = asked.result(), None
                 if reply is not None and reply.current_state.id == State.PRIMARY_STATE_ACTIVE:
                     return True
+            elif asked is not None and time.monotonic() - asked_at > 1.0:
+                # a request sent before the server has matched the client's reply reader gets no
+                # reply (the middleware drops it): ask again
+                self._get_state.remove_pending_request(asked)
+                asked = None
             if (asked is None and self.action.server_is_ready() and self._get_state.service_is_ready()
                     and all(p.get_subscription_count() for p in self.pub_img.values())):
-                asked = self._get_state.call_async(GetState.Request())
+                asked, asked_at = self._get_state.call_async(GetState.Request()), time.monotonic()
             time.sleep(0.1)
         return False
 

@@ -96,6 +96,29 @@ sys.exit(node.main(sys.argv[2:]))
 """
 
 
+def _fake_node(delay_s: float, *params: str) -> subprocess.Popen:
+    """FAKE_SLOW_NODE as a process, in sim time, with `params` (name:=value) over config/policy.yaml."""
+    cmd = [sys.executable, "-c", FAKE_SLOW_NODE, str(delay_s), "--params-file", str(REPO / "config" / "policy.yaml"),
+           "-p", "model_dir:=fake", "-p", "use_sim_time:=true", "-p", "warmup_steps:=0"]  # fmt: skip
+    for param in params:
+        cmd += ["-p", param]
+    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _stop(arm, proc: subprocess.Popen, ctx, env) -> str:
+    """Close the arm, interrupt the node and return its output, then the context and the env."""
+    import rclpy
+
+    try:
+        arm.close()
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=30)[0]
+    finally:
+        rclpy.shutdown(context=ctx)
+        env.close()
+
+
 def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
     """A policy that takes 0.12 s a step at 20 Hz: the arm executes the previous command for 3
     periods (4 when the node's own overhead passes 0.03 s) before the next frame, and the frames'
@@ -108,11 +131,7 @@ def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
     env = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=0))
     ctx = rclpy.Context()
     rclpy.init(context=ctx, domain_id=DOMAIN_ID)
-    cmd = [sys.executable, "-c", FAKE_SLOW_NODE, "0.12", "--params-file", str(REPO / "config" / "policy.yaml"),
-           "-p", "model_dir:=fake", "-p", "use_sim_time:=true", "-p", "control_rate_hz:=20.0",
-           "-p", "command_enabled:=true", "-p", "warmup_steps:=0", "-p", "watchdog_factor:=10.0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = _fake_node(0.12, "control_rate_hz:=20.0", "command_enabled:=true", "watchdog_factor:=10.0")
     arm = SimArm(env, SimArmConfig(init_state=40, max_steps=24, time_mode="arm_time"), context=ctx)
     try:
         assert arm.wait_for_node(60.0), f"the policy node did not come up (exit {proc.poll()})"
@@ -120,11 +139,7 @@ def test_in_arm_time_the_arm_moves_on_for_as_long_as_the_policy_thinks():
         times: list[float] = []
         outcome = arm.run_episode(on_step=lambda obs, t, stamp: (executed.append(stamp), times.append(t)))
     finally:
-        arm.close()
-        proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=30)[0]
-        rclpy.shutdown(context=ctx)
-        env.close()
+        out = _stop(arm, proc, ctx, env)
     assert outcome.ended == "max_steps" and outcome.steps == 24, (outcome.ended, out[-3000:])
     # while frame k's command is computed the arm runs frame k-1's (nothing before the first)
     expected = [None] + [s for k, held in enumerate(outcome.held_steps)
@@ -152,10 +167,7 @@ def test_the_arm_waits_for_the_node_to_be_active_not_only_configured():
     env = LiberoEnv(LiberoEnvConfig(suite="libero_object", task_index=0))
     ctx = rclpy.Context()
     rclpy.init(context=ctx, domain_id=DOMAIN_ID)
-    cmd = [sys.executable, "-c", FAKE_SLOW_NODE, "0.0", "--params-file", str(REPO / "config" / "policy.yaml"),
-           "-p", "model_dir:=fake", "-p", "use_sim_time:=true", "-p", "autostart:=false", "-p", "warmup_steps:=0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "ROS_DOMAIN_ID": str(DOMAIN_ID), "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = _fake_node(0.0, "autostart:=false")
     arm = SimArm(env, SimArmConfig(init_state=40, max_steps=2), context=ctx)
     change = arm.node.create_client(ChangeState, "/policy_node/change_state")
 
@@ -173,9 +185,5 @@ def test_the_arm_waits_for_the_node_to_be_active_not_only_configured():
         transition(Transition.TRANSITION_ACTIVATE)
         assert arm.wait_for_node(30.0)
     finally:
-        arm.close()
-        proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=30)[0]
-        rclpy.shutdown(context=ctx)
-        env.close()
+        out = _stop(arm, proc, ctx, env)
     assert proc.returncode == 0, out[-3000:]
