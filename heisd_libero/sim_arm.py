@@ -197,7 +197,6 @@ class SimArm:
         lifecycle state is asked, not inferred: configure creates the subscriptions and activate opens
         the goal gate a moment later, and a goal sent in between is refused."""
         from lifecycle_msgs.msg import State
-        from lifecycle_msgs.srv import GetState
 
         end, asked, asked_at = time.monotonic() + timeout_s, None, 0.0
         while time.monotonic() < end:
@@ -212,7 +211,7 @@ class SimArm:
                 asked = None
             if (asked is None and self.action.server_is_ready() and self._get_state.service_is_ready()
                     and all(p.get_subscription_count() for p in self.pub_img.values())):
-                asked, asked_at = self._get_state.call_async(GetState.Request()), time.monotonic()
+                asked, asked_at = self._get_state.call_async(self._get_state.srv_type.Request()), time.monotonic()
             time.sleep(0.1)
         return False
 
