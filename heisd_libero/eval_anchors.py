@@ -22,6 +22,13 @@ PUBLISHED = {
     "libero_10": [(_H, "ar", 0.544, 1.00, None), (_H, "specvla (their re-run)", 0.462, 1.13, 3.63),
                   (_H, "heisd", 0.470, 1.79, 4.96), (_S, "specvla (relaxed)", 0.550, 1.22, 2.10)],
 }
+
+
+def paper_heisd_speedup(suite: str) -> float | None:
+    """The HeiSD paper's heisd speedup over its own `ar` on `suite` (mean step), None for a suite it did not run."""
+    return next((x for src, m, _, x, _ in PUBLISHED.get(suite, []) if src == _H and m == "heisd"), None)
+
+
 HARDWARE = ("Published rows: OpenVLA-7B (bf16) on a datacenter GPU, where one LLM forward is ~14 ms; "
             "this run: the mini VLA on {threads} CPU thread(s) of this machine. Compare speedups over each "
             "one's own `ar` and success gaps to it, not step times or absolute success.")

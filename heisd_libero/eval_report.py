@@ -378,5 +378,6 @@ def build_report(episodes: Iterable[dict[str, Any]], methods: Sequence[str], met
     }
     meta["evidence"] = {k: v for k, v in run_evidence.items() if k != "strict_agreement"}
     meta["bootstrap"] = bootstrap_meta(len(ar_pairs), all_paired, unit="(task, init state) episode")
-    meta["acceptance"] = acceptance(report, by_method.get("heisd", []), by_method.get("ar", []))
+    meta["acceptance"] = acceptance(report, by_method.get("heisd", []), by_method.get("ar", []),
+                                    suite=str(meta.get("suite", "")))
     return jsonable({**report, "_meta": meta})

@@ -140,7 +140,10 @@ fi
 if stage report; then
     xz -9 -T1 -c $E/eval.jsonl > benchmarks/libero_spatial.jsonl.xz
     rm -rf $CKPT  # the run is whole: its partial logs are superseded
-    cp $E/point.json benchmarks/libero_spatial_point.json && cp $E/point.md benchmarks/libero_spatial_point.md
+    # the LIBERO path's candidates, where STAGE=point has run here (it may run after the evaluation)
+    if [ -f $E/point.json ]; then
+        cp $E/point.json benchmarks/libero_spatial_point.json && cp $E/point.md benchmarks/libero_spatial_point.md
+    fi
     $W eval-libero --report-from benchmarks/libero_spatial.jsonl.xz --suite $SUITE --tasks 0-9 --init-states 40-49 \
         --methods $METHODS --subset-methods "$(cat $E/eval_subset.txt)" --subset-init-states 40-42 \
         --out benchmarks/libero_spatial.json --plots benchmarks/libero_spatial_plots
