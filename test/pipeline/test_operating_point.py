@@ -32,7 +32,6 @@ from heisd_ros.pipeline.outputs import file_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_POINT = ROOT / "models" / "mini_libero" / "calibration.json"
-SHIPPED_MODEL = ROOT / "models" / "mini_libero" / "vla"
 
 
 def _unusual() -> DecoderConfig:
@@ -109,9 +108,9 @@ def test_the_shipped_point_is_complete():
     assert point["version"] == POINT_VERSION
     assert point_settings(apply_point(DecoderConfig(), point)) == {k: point[k] for k in point_settings(DecoderConfig())}
     assert point["chosen_from"]["kind"] in ("libero_run", "shadow_recordings", "demonstrations")
-def _node_decoder_config() -> DecoderConfig:
-    """The decoder configuration the node runs with config/policy.yaml and the shipped files (the
-    database adds nothing: the point names its query views)."""
+def _node_decoder_config(model_dir: Path, point: Path) -> DecoderConfig:
+    """The decoder configuration the node runs with config/policy.yaml and a published policy's files
+    (the database adds nothing: the point names its query views)."""
     from heisd_ros.policy import PolicyPaths, resolve_decoder_config
     from heisd_ros.ros.params import build_config
 
@@ -123,24 +122,28 @@ def _node_decoder_config() -> DecoderConfig:
             out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
         return out
 
-    values = {**flat(params), "model_dir": str(SHIPPED_MODEL), "calibration_path": str(SHIPPED_POINT)}
+    values = {**flat(params), "model_dir": str(model_dir), "calibration_path": str(point)}
     decoder = build_config(values).decoder
-    paths = PolicyPaths(model_dir=str(SHIPPED_MODEL), calibration_path=str(SHIPPED_POINT))
+    paths = PolicyPaths(model_dir=str(model_dir), calibration_path=str(point))
     return resolve_decoder_config(decoder, paths)
 
 
-def test_the_node_runs_the_point_a_committed_report_measured():
-    """What ships is what was measured: a committed LIBERO report ran with the shipped point file
-    (same digest), and the node's effective decoder configuration equals that report's."""
-    digest = file_digest(str(SHIPPED_POINT))
+@pytest.mark.parametrize("published, headline", [("mini_libero", "libero_object.json"),
+                                                  ("mini_libero_spatial", "libero_spatial.json")])
+def test_the_node_runs_the_point_a_committed_report_measured(published, headline):
+    """What ships is what was measured: for each published policy, its suite's committed LIBERO report
+    ran with its point file (same digest), and the node's effective decoder configuration equals that
+    report's."""
+    point = ROOT / "models" / published / "calibration.json"
+    digest = file_digest(str(point))
     reports = []
     for path in sorted((ROOT / "benchmarks").glob("libero_*.json")):
         model = json.loads(path.read_text()).get("_meta", {}).get("model", {})
         if model.get("calibration_digest") == digest:
             reports.append((path.name, model["decoder_config"]))
-    assert reports, f"no committed report ran the shipped point {SHIPPED_POINT.name} (digest {digest})"
-    # the headline (README): the run that counts is the report of what ships
-    assert "libero_object.json" in [name for name, _ in reports], [name for name, _ in reports]
-    node = to_dict(_node_decoder_config().with_method("heisd"))
+    assert reports, f"no committed report ran {published}'s point (digest {digest})"
+    # the suite's headline (README): the run that counts is the report of what ships
+    assert headline in [name for name, _ in reports], [name for name, _ in reports]
+    node = to_dict(_node_decoder_config(ROOT / "models" / published / "vla", point).with_method("heisd"))
     for name, measured in reports:
         assert to_dict(from_dict(DecoderConfig, measured)) == node, name
