@@ -41,7 +41,7 @@ def bag(tmp_path_factory):
     return path
 
 
-def replay_ar(policy: Path, bag: Path, out: Path, *params: str) -> tuple[dict, dict[str, list]]:
+def replay_ar(policy: Path, bag: Path, out: Path, *params: str, step_timeout_s: float = 60.0) -> tuple[dict, dict[str, list]]:
     """`heisd replay BAG --start-node --fast --method ar` with the tiny policy's files: the summary
     row and the recorded messages by topic."""
     base = (f"model_dir:={policy / 'model'}", f"drafter_dir:={policy / 'drafter'}", f"db_path:={policy / 'db'}",
@@ -49,7 +49,7 @@ def replay_ar(policy: Path, bag: Path, out: Path, *params: str) -> tuple[dict, d
             "image_staleness_s:=5.0", "pose_staleness_s:=5.0", "diagnostics_period_s:=0.2")  # fmt: skip
     cfg = rp.ReplayConfig(fast=True, start_node=True, methods=("ar",), out=str(out), domain_id=DOMAIN_ID, quiet=True,
                           params_file=str(REPO / "config" / "policy.yaml"), params=(*base, *params), settle_s=0.6,
-                          step_timeout_s=60.0, connect_timeout_s=30.0)  # fmt: skip
+                          step_timeout_s=step_timeout_s, connect_timeout_s=30.0)  # fmt: skip
     row = rp.replay(bag, cfg)["methods"]["ar"]
     got: dict[str, list] = {}
     for r in read_messages(out):
@@ -132,8 +132,14 @@ def test_the_shadow_is_not_part_of_the_step_the_watchdog_times(untrained_policy,
     # at most 5 ms (several ticks fall inside each shadow and are dropped, not counted as hangs), and
     # short enough that the budget is at least one period on a fast machine (the factor's lower limit)
     period_ms = min(5.0, budget_ms / 2)
+    # One step within the budget clears a trip, and a withheld step costs the replay 5 s, not 60: on a
+    # loaded CI machine a single step can overrun a budget measured a moment earlier (71 ms against
+    # 60 ms, seen), which says nothing about the shadow; a shadow timed with the step trips them all.
     row, got = replay_ar(untrained_policy, bag, tmp_path / "always", "shadow.method:=heisd", "shadow.when:=always",
-                         f"control_rate_hz:={1e3 / period_ms}", f"watchdog_factor:={budget_ms / period_ms}")  # fmt: skip
-    assert row["commands"] == STEPS and len(got.get("/shadow_steps", [])) == STEPS, (row, budget_ms)
+                         f"control_rate_hz:={1e3 / period_ms}", f"watchdog_factor:={budget_ms / period_ms}",
+                         "watchdog_recovery_steps:=1", step_timeout_s=5.0)  # fmt: skip
+    commands, shadows = len(got.get("/arm_command", [])), len(got.get("/shadow_steps", []))
+    assert row["commands"] == commands >= STEPS * 3 // 4, (row, budget_ms)
+    assert shadows == commands, (shadows, commands)  # each published step had its shadow afterwards
     diag = _shadow_diagnostics(got)
-    assert diag["watchdog_trips"] == "0" and diag["shadow_records"] == str(STEPS), (diag, budget_ms)
+    assert int(diag["watchdog_trips"]) <= STEPS - commands and diag["shadow_records"] == str(shadows), (diag, budget_ms)
