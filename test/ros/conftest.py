@@ -77,3 +77,11 @@ def node_rig_on():
     yield make
     for r in made:
         r.close()
+
+
+@pytest.fixture
+def policy(rig):
+    """The test module's `rig` with its node started (the scripted decoder), stopped after the test."""
+    node = rig.start()
+    yield node
+    rig.stop()

@@ -31,13 +31,6 @@ def rig(node_rig):
     return node_rig
 
 
-@pytest.fixture
-def policy(rig):
-    node = rig.start()
-    yield node
-    rig.stop()
-
-
 def _acted(rig, t_s: float, timeout_s: float = 2.0) -> bool:
     return rig.acted(t_s, timeout_s)
 

@@ -40,13 +40,6 @@ def rig(node_rig):
     return node_rig
 
 
-@pytest.fixture
-def policy(rig):
-    node = rig.start()
-    yield node
-    rig.stop()
-
-
 @pytest.mark.parametrize(
     "params, words",
     [
